@@ -1,0 +1,69 @@
+"""Block verification, BV (ALGORITHMS.md §3; Sun et al., arXiv 2403.10444, ICLR 2025).
+
+Capped running weight w_i = min(1, w_{i-1} p_i(x_i)/q_i(x_i)); stop probabilities
+h_i = rho_i / (rho_i + 1 - w_i) with rho_i = sum_x [w_i p_{i+1}(x) - q_{i+1}(x)]_+ for i < L and
+h_L = w_L; tau = max{i : U_i < h_i}; residual norm([w_tau p_{tau+1} - q_{tau+1}]_+).
+Lossless per iteration, no target modification.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verispec.core.probs import residual
+from verispec.core.rng import Rng
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+
+
+def capped_weights(target_probs: np.ndarray, draft_probs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """w_0..w_L for a path. target_probs/draft_probs: (L, V) vectors at positions 1..L; tokens (L,)."""
+    ratios = target_probs[np.arange(len(tokens)), tokens] / draft_probs[np.arange(len(tokens)), tokens]
+    weights = np.ones(len(tokens) + 1)
+    for i, ratio in enumerate(ratios, start=1):
+        weights[i] = min(1.0, weights[i - 1] * ratio)
+    return weights
+
+
+def block_verify_path(
+    rng: Rng, target_probs: np.ndarray, draft_probs: np.ndarray, tokens: np.ndarray
+) -> tuple[int, np.ndarray, bool]:
+    """BV on one path with full vectors. target_probs: (L+1, V) = p_1..p_{L+1};
+    draft_probs: (L, V) = q_1..q_L (any draft law the path was drawn from, e.g. q̃ of §7).
+
+    Returns (tau, distribution of the extra token, guard_hit). The U_i are drawn lazily from
+    i = L downwards, which has the same law as drawing all of them.
+    """
+    length = len(tokens)
+    weights = capped_weights(target_probs[:length], draft_probs, tokens)
+    for i in range(length, 0, -1):
+        w = weights[i]
+        if i == length:
+            stop = w
+        else:
+            rho = float(np.maximum(w * target_probs[i] - draft_probs[i], 0.0).sum())
+            denominator = rho + 1.0 - w
+            stop = 1.0 if denominator <= 0.0 else rho / denominator
+        if rng.bernoulli(stop):
+            if i == length:
+                return length, target_probs[length], False
+            dist, guard = residual(target_probs[i], draft_probs[i], target_scale=w)
+            return i, dist, guard
+    dist, guard = residual(target_probs[0], draft_probs[0])
+    return 0, dist, guard
+
+
+class BlockVerification(Verifier):
+    name = "bv"
+    section = "§3"
+    lossless = True
+    supported_schemes = frozenset({DraftScheme.CHAIN})
+
+    def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
+        path = chain_nodes(tree)
+        rows = [ROOT, *path]
+        tau, dist, guard = block_verify_path(
+            rng, tree.target_probs[rows], tree.draft_probs[rows[:-1]], tree.tokens[list(path)]
+        )
+        node = rows[tau]
+        return result_at(tree, node, rng.categorical(dist), tau == len(path), diagnostics={"residual_guard_hits": guard})

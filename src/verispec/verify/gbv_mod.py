@@ -1,0 +1,109 @@
+"""GBV-mod: greedy block verification with target modification (ALGORITHMS.md §4; the
+[SpecTr-GBV paper] §3.3, attributed there to Sun et al.).
+
+Uncapped weight nu_i = P(x_{1:i})/Q(x_{1:i}); stop probabilities
+h_i = min(1, S_i/D_i) with S_i = sum_x [nu_i p_{i+1} - q_{i+1}]_+, D_i = sum_x [q_{i+1} - nu_i p_{i+1}]_+
+(h_i = 1 if D_i = 0) for i < L, h_L = min(1, nu_L); residual norm([nu_tau p_{tau+1} - q_{tau+1}]_+).
+Lossless only together with the modification of later target laws (§4.3), which the result
+carries as a ``ModificationWindow``. ``GBVModWithoutModification`` is the non-lossless variant
+kept as a negative control (§4.4, §14.2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.rng import Rng
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+from verispec.verify.modification import ModificationWindow, PlainDraftJoint
+
+
+def _scaled_parts(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[np.ndarray, np.ndarray]:
+    """(target, draft) rescaled by a common positive factor so that nu*target - draft never
+    overflows: returns (nu p, q) if nu <= 1 else (p, q/nu)."""
+    if log_nu <= 0.0:
+        return math.exp(log_nu) * target, draft
+    return target, math.exp(-log_nu) * draft
+
+
+def greedy_block_verify_path(
+    rng: Rng, target_probs: np.ndarray, draft_probs: np.ndarray, tokens: np.ndarray
+) -> tuple[int, np.ndarray, bool]:
+    """§4.2 on one path. target_probs: (L+1, V) = p_1..p_{L+1}; draft_probs: (L, V) = the draft
+    law the path was drawn from (q, or q̃ for SpecTr-GBV★). Returns (tau, extra-token law, guard)."""
+    length = len(tokens)
+    positions = np.arange(length)
+    with np.errstate(divide="ignore"):
+        log_ratios = np.log(target_probs[positions, tokens]) - np.log(draft_probs[positions, tokens])
+    log_nu = np.concatenate([[0.0], np.cumsum(log_ratios)])
+    for i in range(length, 0, -1):
+        if i == length:
+            stop = 1.0 if log_nu[i] >= 0.0 else math.exp(log_nu[i])
+        elif log_nu[i] == -math.inf:
+            stop = 0.0  # P(x_{1:i}) = 0: S_i = 0 < D_i
+        else:
+            scaled_p, scaled_q = _scaled_parts(target_probs[i], draft_probs[i], log_nu[i])
+            difference = scaled_p - scaled_q
+            surplus = float(np.maximum(difference, 0.0).sum())
+            deficit = float(np.maximum(-difference, 0.0).sum())
+            stop = 1.0 if deficit <= 0.0 else min(1.0, surplus / deficit)
+        if rng.bernoulli(stop):
+            if i == length:
+                return length, target_probs[length], False
+            return (i, *_residual_at(target_probs[i], draft_probs[i], log_nu[i]))
+    return (0, *_residual_at(target_probs[0], draft_probs[0], 0.0))
+
+
+def _residual_at(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[np.ndarray, bool]:
+    scaled_p, scaled_q = _scaled_parts(target, draft, log_nu)
+    weights = np.maximum(scaled_p - scaled_q, 0.0)
+    mass = weights.sum()
+    if not mass > RESIDUAL_MASS_GUARD:
+        return target, True
+    return weights / mass, False
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else -math.inf
+
+
+class GBVMod(Verifier):
+    name = "gbv-mod"
+    section = "§4"
+    lossless = True
+    needs_target_modification = True
+    supported_schemes = frozenset({DraftScheme.CHAIN})
+    modify_target = True
+
+    def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
+        path = chain_nodes(tree)
+        rows = [ROOT, *path]
+        tokens = tree.tokens[list(path)]
+        tau, dist, guard = greedy_block_verify_path(rng, tree.target_probs[rows], tree.draft_probs[rows[:-1]], tokens)
+        next_token = rng.categorical(dist)
+        window = None
+        remaining = len(path) - 1 - tau
+        if self.modify_target and remaining > 0:
+            log_p = sum(_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
+            log_q = sum(_log(tree.draft_probs[rows[j], tokens[j]]) for j in range(tau))
+            window = ModificationWindow(
+                log_p + _log(tree.target_probs[rows[tau], next_token]),
+                PlainDraftJoint(log_q + _log(tree.draft_probs[rows[tau], next_token])),
+                remaining,
+            )
+        return result_at(
+            tree, rows[tau], next_token, tau == len(path), modification=window, diagnostics={"residual_guard_hits": guard}
+        )
+
+
+class GBVModWithoutModification(GBVMod):
+    """§4.4 negative control: GBV-mod with the modification dropped. NOT lossless."""
+
+    name = "gbv-mod-nomod"
+    lossless = False
+    needs_target_modification = False
+    modify_target = False

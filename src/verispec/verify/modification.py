@@ -1,0 +1,182 @@
+"""Target modification carried across iterations (ALGORITHMS.md §4.3, §6.1 Alg. 2, §6.3 step 4).
+
+After a GBV-mod / SpecTr-GBV(★) iteration that stopped at tau < L and emitted y, the next-token
+target law at every continuation z of (x_{1:tau}, y) with |z| <= L-1 (joints from the old block
+start) becomes
+
+    p̂(.|z) = norm([P(z) p(.|z) - Qd(z, .)]_+)        (power 1: GBV-mod with Qd = Q, ★ with Qd = Q̃)
+    p̂(.|z) ∝ [P(z, .) - Q(z, .)]_+^K / P(z, .)^(K-1)  (power K: literal SpecTr-GBV, G(z, .))
+
+P is the target process in force during that iteration (itself possibly modified). A
+``ModificationWindow`` holds the state at one prefix z; ``advance`` moves it one token deeper.
+Windows stack, oldest first: each one modifies the output of the ones before it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from verispec.core.probs import RESIDUAL_MASS_GUARD
+
+
+class DraftJoint(Protocol):
+    """The draft-side joint probability Qd(z, .) of a window, as a function of the prefix z."""
+
+    def next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> np.ndarray: ...
+
+    def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "DraftJoint": ...
+
+
+@dataclass(frozen=True)
+class PlainDraftJoint:
+    """Qd(z) = Q(z) = prod of q along z (GBV-mod, literal SpecTr-GBV)."""
+
+    log_mass: float
+
+    def next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+        return math.exp(self.log_mass) * draft if self.log_mass > -math.inf else np.zeros_like(draft)
+
+    def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "PlainDraftJoint":
+        return PlainDraftJoint(self.log_mass + _log(draft[token]))
+
+
+@dataclass(frozen=True)
+class SkewedDraftJoint:
+    """Qd(z) = Q̃(z) = (C(z) + Q(z))^K - C(z)^K, the law of the greedy multi-path selection of K
+    i.i.d. drafts (ALGORITHMS.md §7.2); ``below`` is C(z), ``mass`` is Q(z)."""
+
+    below: float
+    mass: float
+    num_drafts: int
+
+    def next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+        from verispec.verify.gmpbv import below_mass_all, skewed_mass
+
+        lower = self.below + self.mass * below_mass_all(base_target, draft)
+        return skewed_mass(lower, self.mass * draft, self.num_drafts)
+
+    def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "SkewedDraftJoint":
+        from verispec.verify.gmpbv import below_mass
+
+        return SkewedDraftJoint(
+            self.below + self.mass * below_mass(base_target, draft, token),
+            self.mass * float(draft[token]),
+            self.num_drafts,
+        )
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else -math.inf
+
+
+@dataclass(frozen=True)
+class ModificationWindow:
+    """State of one modification at a prefix z.
+
+    log_target_joint  log P(z) from the old block start
+    draft_joint       Qd at z
+    remaining         number of next-token laws still modified (at z and deeper); > 0
+    power             1 (GBV-mod, ★) or K (literal SpecTr-GBV's G)
+    """
+
+    log_target_joint: float
+    draft_joint: DraftJoint
+    remaining: int
+    power: int = 1
+
+    def modify(self, base_target: np.ndarray, draft: np.ndarray) -> tuple[np.ndarray, bool]:
+        """p̂(.|z) from the base target p(.|z) and the draft q(.|z), both shape (V,).
+        Returns (vector, guard_hit)."""
+        if self.log_target_joint == -math.inf:
+            return base_target, True
+        target_joint = base_target  # divided by P(z): normalisation makes the scale irrelevant
+        draft_joint = self.draft_joint.next_joint(base_target, draft) * math.exp(-self.log_target_joint)
+        weights = np.maximum(target_joint - draft_joint, 0.0)
+        if self.power > 1:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                weights = np.where(target_joint > 0, weights**self.power / target_joint ** (self.power - 1), 0.0)
+        mass = weights.sum()
+        if not mass > RESIDUAL_MASS_GUARD:
+            return base_target, True
+        return weights / mass, False
+
+    def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "ModificationWindow | None":
+        """The window at (z, token), or None once it has modified its last position."""
+        if self.remaining <= 1:
+            return None
+        return ModificationWindow(
+            self.log_target_joint + _log(float(base_target[token])),
+            self.draft_joint.advance(token, base_target, draft),
+            self.remaining - 1,
+            self.power,
+        )
+
+
+Windows = tuple[ModificationWindow, ...]
+
+
+def effective_target(windows: Windows, raw_target: np.ndarray, draft: np.ndarray | None) -> tuple[np.ndarray, tuple[np.ndarray, ...], int]:
+    """Apply the stacked windows (oldest first) to the raw target vector at one prefix.
+
+    Returns (effective vector, the base vector each window saw, guard hits). ``draft`` is
+    q(.|prefix); it is required whenever a window is active.
+    """
+    vector = raw_target
+    bases = []
+    guards = 0
+    for window in windows:
+        if draft is None or not np.any(draft):
+            raise ValueError(
+                "a target-modification window is active at a node without a draft vector; "
+                "draft full-length paths (the same L every iteration) for GBV-mod / SpecTr-GBV rules"
+            )
+        bases.append(vector)
+        vector, guard = window.modify(vector, draft)
+        guards += guard
+    return vector, tuple(bases), guards
+
+
+def advance_windows(windows: Windows, bases: tuple[np.ndarray, ...], token: int, draft: np.ndarray | None) -> Windows:
+    """Move every window one token deeper (dropping finished ones)."""
+    moved = (window.advance(token, base, draft) for window, base in zip(windows, bases))
+    return tuple(window for window in moved if window is not None)
+
+
+@dataclass(frozen=True)
+class TreeModification:
+    """Per-node result of applying windows to a tree: effective target vectors (n, V), the
+    windows in force at each node, and the base vectors each window saw there."""
+
+    target_probs: np.ndarray
+    windows: tuple[Windows, ...]
+    bases: tuple[tuple[np.ndarray, ...], ...]
+    guard_hits: int
+
+
+def modify_tree_targets(
+    windows: Windows, tokens: np.ndarray, parents: np.ndarray, raw_target_probs: np.ndarray, draft_probs: np.ndarray
+) -> TreeModification:
+    """Apply the windows in force at the root to every node of a tree (nodes in topological
+    order). Used by the engine before verification."""
+    num_nodes = len(tokens)
+    effective = np.array(raw_target_probs, dtype=np.float64, copy=True)
+    node_windows: list[Windows] = [()] * num_nodes
+    node_bases: list[tuple[np.ndarray, ...]] = [()] * num_nodes
+    node_windows[0] = windows
+    guards = 0
+    for node in range(num_nodes):
+        if node > 0:
+            parent = int(parents[node])
+            node_windows[node] = advance_windows(
+                node_windows[parent], node_bases[parent], int(tokens[node]), draft_probs[parent]
+            )
+        if node_windows[node]:
+            effective[node], node_bases[node], hits = effective_target(
+                node_windows[node], effective[node], draft_probs[node]
+            )
+            guards += hits
+    return TreeModification(effective, tuple(node_windows), tuple(node_bases), guards)
