@@ -16,40 +16,45 @@ from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
 
 
-def capped_weights(target_probs: np.ndarray, draft_probs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """w_0..w_L for a path. target_probs/draft_probs: (L, V) vectors at positions 1..L; tokens (L,)."""
-    ratios = target_probs[np.arange(len(tokens)), tokens] / draft_probs[np.arange(len(tokens)), tokens]
-    weights = np.ones(len(tokens) + 1)
+def capped_weights(target_token_probs: np.ndarray, draft_token_probs: np.ndarray) -> np.ndarray:
+    """w_0..w_L for a path from p_i(x_i) and q_i(x_i), both shape (L,)."""
+    ratios = target_token_probs / draft_token_probs
+    weights = np.ones(len(ratios) + 1)
     for i, ratio in enumerate(ratios, start=1):
         weights[i] = min(1.0, weights[i - 1] * ratio)
     return weights
 
 
 def block_verify_path(
-    rng: Rng, target_probs: np.ndarray, draft_probs: np.ndarray, tokens: np.ndarray
+    rng: Rng, target_probs: np.ndarray, draft_rows, tokens: np.ndarray, draft_token_probs: np.ndarray | None = None
 ) -> tuple[int, np.ndarray, bool]:
     """BV on one path with full vectors. target_probs: (L+1, V) = p_1..p_{L+1};
-    draft_probs: (L, V) = q_1..q_L (any draft law the path was drawn from, e.g. q̃ of §7).
+    draft_rows: q_1..q_L, indexable by position (an (L, V) array, or a lazy row provider for
+    draft laws that are costly to build, e.g. q̃ of §7); draft_token_probs: (L,) q_i(x_i)
+    (read from draft_rows when omitted).
 
     Returns (tau, distribution of the extra token, guard_hit). The U_i are drawn lazily from
-    i = L downwards, which has the same law as drawing all of them.
+    i = L downwards, which has the same law as drawing all of them, and a row of draft_rows is
+    read only where rho_i or the residual needs it.
     """
     length = len(tokens)
-    weights = capped_weights(target_probs[:length], draft_probs, tokens)
+    if draft_token_probs is None:
+        draft_token_probs = np.array([draft_rows[i][tokens[i]] for i in range(length)])
+    weights = capped_weights(target_probs[np.arange(length), tokens], draft_token_probs)
     for i in range(length, 0, -1):
         w = weights[i]
         if i == length:
             stop = w
         else:
-            rho = float(np.maximum(w * target_probs[i] - draft_probs[i], 0.0).sum())
+            rho = float(np.maximum(w * target_probs[i] - draft_rows[i], 0.0).sum())
             denominator = rho + 1.0 - w
             stop = 1.0 if denominator <= 0.0 else rho / denominator
         if rng.bernoulli(stop):
             if i == length:
                 return length, target_probs[length], False
-            dist, guard = residual(target_probs[i], draft_probs[i], target_scale=w)
+            dist, guard = residual(target_probs[i], draft_rows[i], target_scale=w)
             return i, dist, guard
-    dist, guard = residual(target_probs[0], draft_probs[0])
+    dist, guard = residual(target_probs[0], draft_rows[0])
     return 0, dist, guard
 
 

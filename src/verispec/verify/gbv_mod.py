@@ -31,14 +31,18 @@ def _scaled_parts(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple
 
 
 def greedy_block_verify_path(
-    rng: Rng, target_probs: np.ndarray, draft_probs: np.ndarray, tokens: np.ndarray
+    rng: Rng, target_probs: np.ndarray, draft_rows, tokens: np.ndarray, draft_token_probs: np.ndarray | None = None
 ) -> tuple[int, np.ndarray, bool]:
-    """§4.2 on one path. target_probs: (L+1, V) = p_1..p_{L+1}; draft_probs: (L, V) = the draft
-    law the path was drawn from (q, or q̃ for SpecTr-GBV★). Returns (tau, extra-token law, guard)."""
+    """§4.2 on one path. target_probs: (L+1, V) = p_1..p_{L+1}; draft_rows: the draft law the
+    path was drawn from (q, or q̃ for SpecTr-GBV★), indexable by position 0..L-1 (array or lazy
+    provider); draft_token_probs: (L,) draft probabilities of the path's tokens.
+    Returns (tau, extra-token law, guard)."""
     length = len(tokens)
     positions = np.arange(length)
+    if draft_token_probs is None:
+        draft_token_probs = np.array([draft_rows[i][tokens[i]] for i in range(length)])
     with np.errstate(divide="ignore"):
-        log_ratios = np.log(target_probs[positions, tokens]) - np.log(draft_probs[positions, tokens])
+        log_ratios = np.log(target_probs[positions, tokens]) - np.log(draft_token_probs)
     log_nu = np.concatenate([[0.0], np.cumsum(log_ratios)])
     for i in range(length, 0, -1):
         if i == length:
@@ -46,7 +50,7 @@ def greedy_block_verify_path(
         elif log_nu[i] == -math.inf:
             stop = 0.0  # P(x_{1:i}) = 0: S_i = 0 < D_i
         else:
-            scaled_p, scaled_q = _scaled_parts(target_probs[i], draft_probs[i], log_nu[i])
+            scaled_p, scaled_q = _scaled_parts(target_probs[i], draft_rows[i], log_nu[i])
             difference = scaled_p - scaled_q
             surplus = float(np.maximum(difference, 0.0).sum())
             deficit = float(np.maximum(-difference, 0.0).sum())
@@ -54,8 +58,8 @@ def greedy_block_verify_path(
         if rng.bernoulli(stop):
             if i == length:
                 return length, target_probs[length], False
-            return (i, *_residual_at(target_probs[i], draft_probs[i], log_nu[i]))
-    return (0, *_residual_at(target_probs[0], draft_probs[0], 0.0))
+            return (i, *_residual_at(target_probs[i], draft_rows[i], log_nu[i]))
+    return (0, *_residual_at(target_probs[0], draft_rows[0], 0.0))
 
 
 def _residual_at(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[np.ndarray, bool]:

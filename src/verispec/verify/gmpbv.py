@@ -1,0 +1,124 @@
+"""Greedy multi-path block verification, GMPBV (ALGORITHMS.md §7; [GMPBV paper], arXiv 2602.16961).
+
+§7.1 Select, among K i.i.d. drafted paths, the one with the lexicographically largest key of
+local ranks, the local order at each prefix sorting tokens by p/q ascending (q = 0 counts as
++inf; ties by token id). Equivalently walk the trie, taking the child with the largest p/q.
+§7.2 The selected path has the skewed law Q̃(z) = (C(z) + Q(z))^K - C(z)^K, C(z) being the draft
+mass of full paths ranked below the paths through z, with conditionals q̃(x|z) = Q̃(z,x)/Q̃(z).
+§7.3 Run BV on the selected path with draft vectors q̃. Lossless per iteration; K = 1 is BV.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verispec.core.rng import Rng
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, result_at
+from verispec.verify.bv import block_verify_path
+
+
+def local_ratios(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """p(x)/q(x) with q(x) = 0 mapped to +inf, shape (V,)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(draft > 0, target / np.where(draft > 0, draft, 1.0), np.inf)
+
+
+def below_mass(target: np.ndarray, draft: np.ndarray, token: int) -> float:
+    """sum of q(y) over tokens y ranked below ``token`` in the local order (p/q ascending, ties by
+    lower token id first). O(V), no sort."""
+    ratios = local_ratios(target, draft)
+    ratio = ratios[token]
+    below = (ratios < ratio) | ((ratios == ratio) & (np.arange(len(ratios)) < token))
+    return float(draft[below].sum())
+
+
+def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """below_mass for every token at once, shape (V,).
+
+    Only tokens with 0 < p/q < inf need a sort: tokens with p = 0 (ratio 0) sit at the bottom in
+    id order (a cumulative sum), and tokens with q = 0 carry no draft mass, so their own value is
+    never used with a positive weight. This keeps the cost low after top-k / top-p truncation.
+    """
+    vocab = len(draft)
+    below = np.empty(vocab)
+    zero_ratio = (target == 0) & (draft > 0)
+    zero_mass = np.where(zero_ratio, draft, 0.0)
+    cumulative = np.cumsum(zero_mass)
+    below[zero_ratio] = (cumulative - zero_mass)[zero_ratio]
+    bottom = float(cumulative[-1])
+    middle = np.flatnonzero((target > 0) & (draft > 0))
+    ratios = target[middle] / draft[middle]
+    order = np.argsort(ratios)
+    if np.any(np.diff(ratios[order]) == 0):  # exact ties: break them by token id
+        order = np.lexsort((middle, ratios))
+    ranked = middle[order]
+    ranked_mass = draft[ranked]
+    below[ranked] = bottom + np.cumsum(ranked_mass) - ranked_mass
+    below[draft <= 0] = bottom + float(ranked_mass.sum())
+    return below
+
+
+def skewed_mass(lower, added, num_drafts: int):
+    """(lower + added)^K - lower^K without cancellation (§7.2 numerics); arrays broadcast."""
+    lower = np.asarray(lower, dtype=np.float64)
+    added = np.asarray(added, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stable = lower**num_drafts * np.expm1(num_drafts * np.log1p(added / np.where(lower > 0, lower, 1.0)))
+    return np.where(lower > 0, stable, added**num_drafts)
+
+
+def select_greedy_path(tree: DraftTree) -> tuple[int, ...]:
+    """§7.1: from the root, repeatedly move to the child with the largest (p/q, token id)."""
+    path, node = [], ROOT
+    while tree.children[node]:
+        ratios = local_ratios(tree.target_probs[node], tree.draft_probs[node])
+        node = max(tree.children[node], key=lambda child: (ratios[tree.tokens[child]], tree.tokens[child]))
+        path.append(node)
+    return tuple(path)
+
+
+class SkewedPathLaw:
+    """q̃ along a selected path (§7.2). ``token_probs`` (L,) holds q̃(s_i | s_{<i}); indexing
+    ``self[i]`` gives the full q̃(.|s_{1:i}) vector (V,), built on first use (one sort)."""
+
+    def __init__(self, target_rows: np.ndarray, draft_rows: np.ndarray, tokens: np.ndarray, num_drafts: int):
+        self.target_rows, self.draft_rows, self.num_drafts = target_rows, draft_rows, num_drafts
+        length = len(tokens)
+        self.below = np.zeros(length + 1)  # C(s_{1:i})
+        self.mass = np.ones(length + 1)  # Q(s_{1:i})
+        for i, token in enumerate(tokens):
+            self.below[i + 1] = self.below[i] + self.mass[i] * below_mass(target_rows[i], draft_rows[i], token)
+            self.mass[i + 1] = self.mass[i] * draft_rows[i][token]
+        self.joint = skewed_mass(self.below, self.mass, num_drafts)  # Q̃(s_{1:i}), i = 0..L
+        self.token_probs = self.joint[1:] / self.joint[:-1]
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, position: int) -> np.ndarray:
+        if position not in self._rows:
+            target, draft = self.target_rows[position], self.draft_rows[position]
+            lower = self.below[position] + self.mass[position] * below_mass_all(target, draft)
+            row = skewed_mass(lower, self.mass[position] * draft, self.num_drafts)
+            self._rows[position] = row / row.sum()
+        return self._rows[position]
+
+
+def path_tree_rows(tree: DraftTree, path: tuple[int, ...]) -> tuple[list[int], np.ndarray]:
+    rows = [ROOT, *path]
+    return rows, tree.tokens[list(path)]
+
+
+class GreedyMultiPathBV(Verifier):
+    name = "gmpbv"
+    section = "§7"
+    lossless = True
+    supported_schemes = frozenset({DraftScheme.CHAIN, DraftScheme.IID_PATHS})
+
+    def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
+        path = select_greedy_path(tree)
+        rows, tokens = path_tree_rows(tree, path)
+        law = SkewedPathLaw(tree.target_probs[rows[:-1]], tree.draft_probs[rows[:-1]], tokens, max(tree.num_paths, 1))
+        tau, dist, guard = block_verify_path(rng, tree.target_probs[rows], law, tokens, law.token_probs)
+        return result_at(
+            tree, rows[tau], rng.categorical(dist), tau == len(path), diagnostics={"residual_guard_hits": guard}
+        )

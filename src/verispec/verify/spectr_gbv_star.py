@@ -1,0 +1,52 @@
+"""SpecTr-GBV★: the lossless repair of SpecTr-GBV (ALGORITHMS.md §6.3).
+
+1. select a path s among the K i.i.d. drafts by the greedy multi-path ranking (§7.1);
+2. take its skewed draft law q̃ (§7.2);
+3. run greedy block verification with modification (§4.2) on s with target p and draft q̃;
+4. leave the modification p̂(.|z) = norm([P(z,.) - Q̃(z,.)]_+) for continuations z of (s_{1:tau}, y)
+   inside the window.
+Lossless with the modification; K = 1 is GBV-mod.
+"""
+
+from __future__ import annotations
+
+import math
+
+from verispec.core.rng import Rng
+from verispec.core.tree import DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, result_at
+from verispec.verify.gbv_mod import greedy_block_verify_path
+from verispec.verify.gmpbv import SkewedPathLaw, path_tree_rows, select_greedy_path
+from verispec.verify.modification import ModificationWindow, SkewedDraftJoint
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else -math.inf
+
+
+class SpecTrGBVStar(Verifier):
+    name = "spectr-gbv-star"
+    section = "§6.3"
+    lossless = True
+    needs_target_modification = True
+    supported_schemes = frozenset({DraftScheme.CHAIN, DraftScheme.IID_PATHS})
+
+    def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
+        path = select_greedy_path(tree)
+        rows, tokens = path_tree_rows(tree, path)
+        num_drafts = max(tree.num_paths, 1)
+        law = SkewedPathLaw(tree.target_probs[rows[:-1]], tree.draft_probs[rows[:-1]], tokens, num_drafts)
+        tau, dist, guard = greedy_block_verify_path(rng, tree.target_probs[rows], law, tokens, law.token_probs)
+        next_token = rng.categorical(dist)
+        window = None
+        remaining = len(path) - 1 - tau
+        if remaining > 0:
+            state = SkewedDraftJoint(float(law.below[tau]), float(law.mass[tau]), num_drafts)
+            target, draft = tree.target_probs[rows[tau]], tree.draft_probs[rows[tau]]
+            log_p = sum(_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
+            window = ModificationWindow(
+                log_p + _log(target[next_token]), state.advance(next_token, target, draft), remaining
+            )
+        return result_at(
+            tree, rows[tau], next_token, tau == len(path), modification=window, diagnostics={"residual_guard_hits": guard}
+        )

@@ -1,0 +1,87 @@
+"""Traversal verification (ALGORITHMS.md §12; Weng et al., arXiv 2505.12398).
+
+Leaf-to-root, sequence-level acceptance over a sampled tree. Each node u holds a target vector
+P_u, the draft vector Q_u its children were drawn from, and a weight a_u (a_root = 1,
+a_c = min(1, a_u P_u(c)/Q_u(c))). Repeatedly take the first live node in post-order v:
+accept it with probability a_v (emit root->v and y ~ P_v), else remove it and update its parent u:
+    S = sum_z [a_u P_u - Q_u]_+ ;  P_u <- norm([a_u P_u - Q_u]_+) ;  a_u <- S / (S + 1 - a_u)
+    scheme (a) (children without replacement, or distinct first appearances of i.i.d. draws):
+        Q_u <- norm(Q_u with the rejected token zeroed)
+    scheme (b) (i.i.d. children, duplicates kept): Q_u unchanged
+then re-weight u's live subtree. On a chain this is exactly BV (§3). Lossless per iteration.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.rng import Rng
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, result_at
+
+_WITHOUT_REPLACEMENT_SCHEMES = frozenset({DraftScheme.IID_PATHS, DraftScheme.WITHOUT_REPLACEMENT, DraftScheme.CHAIN})
+
+
+class TraversalVerification(Verifier):
+    name = "traversal"
+    section = "§12"
+    lossless = True
+    supported_schemes = frozenset(
+        {DraftScheme.CHAIN, DraftScheme.IID_PATHS, DraftScheme.WITHOUT_REPLACEMENT, DraftScheme.IID_TREE}
+    )
+
+    def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
+        update_draft = tree.scheme in _WITHOUT_REPLACEMENT_SCHEMES
+        target = {}  # node -> mutated P_u (copy on write)
+        draft = {}  # node -> mutated Q_u
+        live_children = [list(kids) for kids in tree.children]
+        weight = np.ones(tree.num_nodes)
+        guards = 0
+
+        def target_of(node):
+            return target.get(node, tree.target_probs[node])
+
+        def draft_of(node):
+            return draft.get(node, tree.draft_probs[node])
+
+        def reweight(node):
+            # a_c = min(1, a_u P_u(c)/Q_u(c)) for the live subtree below ``node``
+            stack = [node]
+            while stack:
+                parent = stack.pop()
+                p_row, q_row = target_of(parent), draft_of(parent)
+                for child in live_children[parent]:
+                    token = tree.tokens[child]
+                    weight[child] = min(1.0, weight[parent] * p_row[token] / q_row[token]) if q_row[token] > 0 else 0.0
+                    stack.append(child)
+
+        reweight(ROOT)
+        while True:
+            node = ROOT
+            while live_children[node]:
+                node = live_children[node][0]
+            if node == ROOT:
+                return result_at(tree, ROOT, rng.categorical(target_of(ROOT)), False, diagnostics={"residual_guard_hits": guards})
+            if rng.bernoulli(weight[node]):
+                is_bonus = not tree.children[node]
+                return result_at(
+                    tree, node, rng.categorical(target_of(node)), is_bonus, diagnostics={"residual_guard_hits": guards}
+                )
+            parent = int(tree.parents[node])
+            token = int(tree.tokens[node])
+            p_row, q_row = target_of(parent), draft_of(parent)
+            surplus = np.maximum(weight[parent] * p_row - q_row, 0.0)
+            mass = float(surplus.sum())
+            if mass > RESIDUAL_MASS_GUARD:
+                target[parent] = surplus / mass
+            else:
+                guards += 1  # exact arithmetic: only on a branch of probability ~0 with S > 0 needed
+            weight[parent] = mass / (mass + 1.0 - weight[parent])
+            if update_draft:
+                reduced = q_row.copy()
+                reduced[token] = 0.0
+                remaining = reduced.sum()
+                draft[parent] = reduced / remaining if remaining > 0 else reduced
+            live_children[parent].remove(node)
+            reweight(parent)
