@@ -2,8 +2,10 @@
 (ALGORITHMS.md §1, §8.1, §9.1, §13).
 
 A sampler reads the draft model through ``draft_fn(prefix) -> q(.|context, prefix)`` (shape (V,),
-prefix = tuple of drafted tokens after the context) and returns a ``DraftSkeleton``: the tree's
-tokens, parents and draft vectors. ``DraftSkeleton.with_target`` adds the target vectors (one
+prefix = tuple of drafted tokens after the context); a draft that can score many prefixes in one
+call (a neural draft with a tree mask) also offers ``draft_fn.batch_probs(prefixes) -> (m, V)``,
+and the samplers then ask for one whole tree level at a time. A sampler returns a
+``DraftSkeleton``: the tree's tokens, parents and draft vectors. ``DraftSkeleton.with_target`` adds the target vectors (one
 target forward over all nodes) and gives the ``DraftTree`` the verifiers read.
 """
 
@@ -64,8 +66,19 @@ class _Builder:
 
     def draft_probs(self, node: int) -> np.ndarray:
         if node not in self.draft_rows:
-            self.draft_rows[node] = np.asarray(self.draft_fn(self.prefixes[node]), dtype=np.float64)
+            self.fetch([node])
         return self.draft_rows[node]
+
+    def fetch(self, nodes: Sequence[int]) -> None:
+        """Evaluate q at every node of ``nodes`` not seen yet, in one batch when possible."""
+        missing = list(dict.fromkeys(node for node in nodes if node not in self.draft_rows))
+        if not missing:
+            return
+        prefixes = [self.prefixes[node] for node in missing]
+        batch = getattr(self.draft_fn, "batch_probs", None)
+        rows = batch(prefixes) if batch else [self.draft_fn(prefix) for prefix in prefixes]
+        for node, row in zip(missing, rows):
+            self.draft_rows[node] = np.asarray(row, dtype=np.float64)
 
     def add(self, parent: int, token: int) -> int:
         self.tokens.append(int(token))
@@ -108,21 +121,21 @@ def sample_iid_paths(rng: Rng, draft_fn: DraftFn, num_drafts: int, draft_len: in
     _check_positive("num_drafts (K)", num_drafts)
     _check_positive("draft_len (L)", draft_len)
     builder = _Builder(draft_fn)
-    paths = []
-    for _ in range(num_drafts):
-        node, path = 0, []
-        for _ in range(draft_len):
-            token = rng.categorical(builder.draft_probs(node))
-            # A broom shares nothing but the root, and no node below it: its probability rows
-            # are keyed by node, so unmerged chains still read q(.|prefix) from draft_fn.
-            node = builder.child(node, token) if merge else builder.add(node, token)
-            path.append(node)
-        paths.append(tuple(path))
+    # Level by level: the K paths are independent, so drawing depth-major has the same law as
+    # drawing them one after the other, and a neural draft scores each level in one call.
+    paths: list[list[int]] = [[] for _ in range(num_drafts)]
+    frontier = [0] * num_drafts
+    for _ in range(draft_len):
+        builder.fetch(frontier)
+        for k in range(num_drafts):
+            token = rng.categorical(builder.draft_probs(frontier[k]))
+            frontier[k] = builder.child(frontier[k], token) if merge else builder.add(frontier[k], token)
+            paths[k].append(frontier[k])
     if merge:
         scheme = DraftScheme.CHAIN if num_drafts == 1 else DraftScheme.IID_PATHS
     else:
         scheme = DraftScheme.CHAIN if num_drafts == 1 else DraftScheme.IID_TREE
-    return builder.finish(scheme, paths)
+    return builder.finish(scheme, [tuple(path) for path in paths])
 
 
 def shape_from_branching(branching: Sequence[int]) -> TreeShape:
@@ -173,12 +186,15 @@ def sample_tree(rng: Rng, draft_fn: DraftFn, shape: TreeShape | Sequence[int], s
     if not shape:
         raise ConfigError("a draft tree needs at least one child under the root")
     builder = _Builder(draft_fn)
-    frontier = [(0, shape)]
-    while frontier:
-        node, node_shape = frontier.pop(0)
-        if not node_shape:
-            continue
-        tokens = _draw_children(rng, builder.draft_probs(node), len(node_shape), scheme)
-        for token, child_shape in zip(tokens, node_shape):
-            frontier.append((builder.add(node, token), child_shape))
+    level = [(0, shape)]
+    while level:
+        builder.fetch([node for node, node_shape in level if node_shape])
+        next_level = []
+        for node, node_shape in level:
+            if not node_shape:
+                continue
+            tokens = _draw_children(rng, builder.draft_probs(node), len(node_shape), scheme)
+            for token, child_shape in zip(tokens, node_shape):
+                next_level.append((builder.add(node, token), child_shape))
+        level = next_level
     return builder.finish(scheme)

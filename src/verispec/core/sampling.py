@@ -1,0 +1,89 @@
+"""Sampling parameters applied to logits before verification (ALGORITHMS.md §1 rule 1,
+DESIGN.md §4). The same processing is applied to draft and target logits; losslessness then
+holds with respect to the processed target. Keyword names follow ``transformers.generate``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from verispec.errors import ConfigError, InvalidDistributionError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (one-hot argmax, lowest id on ties); top_k 0 and top_p 1.0
+    disable truncation. top_p keeps the most probable tokens until their mass reaches top_p
+    (the token that crosses the threshold is kept)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _top_p_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Boolean mask of the nucleus of each row of probs (n, V); partial selection instead of a
+    full sort, because nuclei are usually far smaller than the vocabulary."""
+    keep = np.zeros_like(probs, dtype=bool)
+    vocab = probs.shape[1]
+    for row_index, row in enumerate(probs):
+        size = min(64, vocab)
+        while True:
+            top = np.argpartition(-row, size - 1)[:size] if size < vocab else np.arange(vocab)
+            top = top[np.lexsort((top, -row[top]))]  # descending prob, lowest id first on ties
+            cumulative = np.cumsum(row[top])
+            crossing = int(np.searchsorted(cumulative, top_p - 1e-12))
+            if crossing < size or size == vocab:
+                keep[row_index, top[: min(crossing + 1, size)]] = True
+                break
+            size = min(size * 4, vocab)
+    return keep
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> np.ndarray:
+    """Processed next-token distributions. logits: (n, V) any float dtype -> (n, V) float64.
+
+    Raises InvalidDistributionError on NaN/inf logits (a broken model or dtype overflow)."""
+    if not torch.isfinite(logits).all():
+        raise InvalidDistributionError(
+            "the model produced NaN or inf logits; check the model weights and dtype "
+            "(fp16 can overflow: try bf16 or fp32)"
+        )
+    if params.greedy:
+        probs = np.zeros(tuple(logits.shape), dtype=np.float64)
+        probs[np.arange(logits.shape[0]), logits.argmax(dim=-1).cpu().numpy()] = 1.0
+        return probs
+    scaled = logits.float() / params.temperature
+    if params.top_k and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1).double().cpu().numpy()
+    if params.top_p < 1.0:
+        probs = np.where(_top_p_mask(probs, params.top_p), probs, 0.0)
+    return probs / probs.sum(axis=-1, keepdims=True)
+
+
+def process_probs(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Apply the sampling parameters to a draft that yields probabilities rather than logits
+    (e.g. the n-gram draft): log q is treated as the logits. probs: (n, V) -> (n, V) float64."""
+    if params == SamplingParams():
+        return probs
+    with np.errstate(divide="ignore"):
+        logits = np.where(probs > 0, np.log(probs), -1e30)  # exp(-1e30) is exactly 0: zeros stay zeros
+    return logits_to_probs(torch.from_numpy(logits), params)
