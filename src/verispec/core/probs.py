@@ -31,6 +31,8 @@ def check_prob_matrix(probs: np.ndarray, name: str, vocab_size: int | None = Non
         raise InvalidDistributionError(f"{name} contains NaN or inf; check the model logits before softmax")
     if np.any(array < 0):
         raise InvalidDistributionError(f"{name} has negative entries (min {array.min():.3g}); probabilities must be >= 0")
+    if array.size == 0:
+        return array
     sums = array.sum(axis=-1)
     worst = float(np.max(np.abs(sums - 1.0)))
     if worst > SUM_TOLERANCE:

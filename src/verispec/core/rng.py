@@ -34,6 +34,8 @@ class Rng(Protocol):
 
 
 def _checked_total(probs: np.ndarray) -> float:
+    if probs.size and probs.min() < 0:
+        raise InvalidDistributionError(f"categorical() got a negative probability ({probs.min():.3g}); probabilities must be >= 0")
     total = float(probs.sum())
     if not np.isfinite(total) or abs(total - 1.0) > SUM_TOLERANCE:
         raise InvalidDistributionError(
@@ -41,6 +43,13 @@ def _checked_total(probs: np.ndarray) -> float:
             "normalise the vector (and check it for NaN) before sampling"
         )
     return total
+
+
+def _clamped(prob: float) -> float:
+    prob = float(prob)
+    if prob != prob:  # NaN
+        raise InvalidDistributionError("bernoulli() got NaN as its probability; check the acceptance ratio's inputs")
+    return min(max(prob, 0.0), 1.0)
 
 
 class SeededRng:
@@ -60,7 +69,7 @@ class SeededRng:
         return index
 
     def bernoulli(self, prob: float) -> bool:
-        return bool(self.generator.random() < min(max(float(prob), 0.0), 1.0))
+        return bool(self.generator.random() < _clamped(prob))
 
 
 @dataclass
@@ -93,7 +102,7 @@ class _ReplayRng:
         return self._choose([(int(i), float(probs[i]) / total) for i in np.flatnonzero(probs > 0)])
 
     def bernoulli(self, prob: float) -> bool:
-        prob = min(max(float(prob), 0.0), 1.0)
+        prob = _clamped(prob)
         options = [(1, prob), (0, 1.0 - prob)]
         return bool(self._choose([o for o in options if o[1] > 0.0]))
 

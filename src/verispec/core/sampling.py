@@ -38,19 +38,27 @@ class SamplingParams:
 
 
 def _top_p_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Boolean mask of the nucleus of each row of probs (n, V); partial selection instead of a
-    full sort, because nuclei are usually far smaller than the vocabulary."""
+    """Boolean mask of the nucleus of each row of probs (n, V): the most probable tokens, in
+    order of decreasing probability and then increasing id, until their mass reaches top_p.
+
+    Partial selection instead of a full sort, because nuclei are usually far smaller than the
+    vocabulary: every token at least as probable as the size-th largest is a candidate (so ties
+    at the cut are all present before they are ordered by id)."""
     keep = np.zeros_like(probs, dtype=bool)
     vocab = probs.shape[1]
     for row_index, row in enumerate(probs):
         size = min(64, vocab)
         while True:
-            top = np.argpartition(-row, size - 1)[:size] if size < vocab else np.arange(vocab)
-            top = top[np.lexsort((top, -row[top]))]  # descending prob, lowest id first on ties
-            cumulative = np.cumsum(row[top])
+            if size < vocab:
+                cut = np.partition(row, vocab - size)[vocab - size]
+                candidates = np.flatnonzero(row >= cut)
+            else:
+                candidates = np.arange(vocab)
+            ordered = candidates[np.lexsort((candidates, -row[candidates]))]
+            cumulative = np.cumsum(row[ordered])
             crossing = int(np.searchsorted(cumulative, top_p - 1e-12))
-            if crossing < size or size == vocab:
-                keep[row_index, top[: min(crossing + 1, size)]] = True
+            if crossing < len(ordered) or size == vocab:
+                keep[row_index, ordered[: crossing + 1]] = True
                 break
             size = min(size * 4, vocab)
     return keep
@@ -60,16 +68,18 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> np.ndarray:
     """Processed next-token distributions. logits: (n, V) any float dtype -> (n, V) float64.
 
     Raises InvalidDistributionError on NaN/inf logits (a broken model or dtype overflow)."""
-    if not torch.isfinite(logits).all():
+    if torch.isnan(logits).any() or torch.isposinf(logits).any() or torch.isneginf(logits).all(dim=-1).any():
         raise InvalidDistributionError(
-            "the model produced NaN or inf logits; check the model weights and dtype "
+            "the model produced NaN, +inf or all -inf logits; check the model weights and dtype "
             "(fp16 can overflow: try bf16 or fp32)"
         )
     if params.greedy:
         probs = np.zeros(tuple(logits.shape), dtype=np.float64)
         probs[np.arange(logits.shape[0]), logits.argmax(dim=-1).cpu().numpy()] = 1.0
         return probs
-    scaled = logits.float() / params.temperature
+    # subtracting the row maximum first keeps the division finite for tiny temperatures
+    logits = logits.float()
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
     if params.top_k and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

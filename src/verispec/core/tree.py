@@ -172,7 +172,8 @@ class DraftTree:
                 raise InvalidDraftError(f"node {node} has token {token}, outside the vocabulary [0, {vocab})")
         check_prob_matrix(self.target_probs, "target_probs")
         internal = [node for node in range(n) if self.children[node]]
-        check_prob_matrix(self.draft_probs[internal], "draft_probs of internal nodes")
+        if internal:
+            check_prob_matrix(self.draft_probs[internal], "draft_probs of internal nodes")
         if self.scheme is not DraftScheme.DETERMINISTIC:
             for node in range(1, n):
                 if self.draft_probs[self.parents[node], self.tokens[node]] <= 0.0:

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from verispec.core.rng import Rng
-from verispec.core.tree import DraftScheme, DraftTree
+import numpy as np
+
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.errors import UnsupportedDraftSchemeError
 
 if TYPE_CHECKING:
@@ -80,6 +82,17 @@ def chain_nodes(tree: DraftTree) -> tuple[int, ...]:
     if tree.num_paths == 1:
         return tree.paths[0]
     return tree.path_to(tree.num_nodes - 1)
+
+
+def path_rows(tree: DraftTree, path: tuple[int, ...]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(rows root..leaf, target vectors (L+1, V), draft vectors (L, V)) of a root path.
+
+    A chain stores its nodes in order, so the vectors are views, not copies (a copy of the
+    rows costs more than BV itself at V = 50k)."""
+    rows = [ROOT, *path]
+    if rows == list(range(len(rows))):
+        return rows, tree.target_probs[: len(rows)], tree.draft_probs[: len(rows) - 1]
+    return rows, tree.target_probs[rows], tree.draft_probs[rows[:-1]]
 
 
 def result_at(tree: DraftTree, node: int, next_token: int, is_bonus: bool, **extra) -> VerifyResult:

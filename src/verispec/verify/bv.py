@@ -12,8 +12,8 @@ import numpy as np
 
 from verispec.core.probs import residual
 from verispec.core.rng import Rng
-from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+from verispec.core.tree import DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, path_rows, result_at
 
 
 def capped_weights(target_token_probs: np.ndarray, draft_token_probs: np.ndarray) -> np.ndarray:
@@ -46,7 +46,9 @@ def block_verify_path(
         if i == length:
             stop = w
         else:
-            rho = float(np.maximum(w * target_probs[i] - draft_rows[i], 0.0).sum())
+            difference = w * target_probs[i]
+            difference -= draft_rows[i]
+            rho = float(np.maximum(difference, 0.0, out=difference).sum())
             denominator = rho + 1.0 - w
             stop = 1.0 if denominator <= 0.0 else rho / denominator
         if rng.bernoulli(stop):
@@ -66,9 +68,7 @@ class BlockVerification(Verifier):
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         path = chain_nodes(tree)
-        rows = [ROOT, *path]
-        tau, dist, guard = block_verify_path(
-            rng, tree.target_probs[rows], tree.draft_probs[rows[:-1]], tree.tokens[list(path)]
-        )
+        rows, target_rows, draft_rows = path_rows(tree, path)
+        tau, dist, guard = block_verify_path(rng, target_rows, draft_rows, tree.tokens[list(path)])
         node = rows[tau]
         return result_at(tree, node, rng.categorical(dist), tau == len(path), diagnostics={"residual_guard_hits": guard})

@@ -17,8 +17,8 @@ import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD
 from verispec.core.rng import Rng
-from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+from verispec.core.tree import DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, path_rows, result_at
 from verispec.verify.modification import ModificationWindow, PlainDraftJoint
 
 
@@ -52,8 +52,11 @@ def greedy_block_verify_path(
         else:
             scaled_p, scaled_q = _scaled_parts(target_probs[i], draft_rows[i], log_nu[i])
             difference = scaled_p - scaled_q
-            surplus = float(np.maximum(difference, 0.0).sum())
-            deficit = float(np.maximum(-difference, 0.0).sum())
+            surplus = float(np.maximum(difference, 0.0, out=difference).sum())
+            # sum [q - nu p]_+ = sum [nu p - q]_+ - (sum nu p - sum q): both vectors sum to 1, so in
+            # the common scaling of _scaled_parts the bracket is nu - 1 (nu <= 1) or 1 - 1/nu
+            excess = math.expm1(log_nu[i]) if log_nu[i] <= 0.0 else -math.expm1(-log_nu[i])
+            deficit = max(surplus - excess, 0.0)
             stop = 1.0 if deficit <= 0.0 else min(1.0, surplus / deficit)
         if rng.bernoulli(stop):
             if i == length:
@@ -85,9 +88,9 @@ class GBVMod(Verifier):
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         path = chain_nodes(tree)
-        rows = [ROOT, *path]
+        rows, target_rows, draft_rows = path_rows(tree, path)
         tokens = tree.tokens[list(path)]
-        tau, dist, guard = greedy_block_verify_path(rng, tree.target_probs[rows], tree.draft_probs[rows[:-1]], tokens)
+        tau, dist, guard = greedy_block_verify_path(rng, target_rows, draft_rows, tokens)
         next_token = rng.categorical(dist)
         window = None
         remaining = len(path) - 1 - tau

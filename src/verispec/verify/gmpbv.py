@@ -14,23 +14,21 @@ import numpy as np
 
 from verispec.core.rng import Rng
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, result_at
+from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
 from verispec.verify.bv import block_verify_path
-
-
-def local_ratios(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
-    """p(x)/q(x) with q(x) = 0 mapped to +inf, shape (V,)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(draft > 0, target / np.where(draft > 0, draft, 1.0), np.inf)
 
 
 def below_mass(target: np.ndarray, draft: np.ndarray, token: int) -> float:
     """sum of q(y) over tokens y ranked below ``token`` in the local order (p/q ascending, ties by
-    lower token id first). O(V), no sort."""
-    ratios = local_ratios(target, draft)
+    lower token id first). O(V), no sort. The ratio is the float64 quotient p/q everywhere
+    (selection, below_mass, below_mass_all), so all three agree on every rounding-level tie;
+    tokens with q(y) = 0 carry no mass and may compare as they like."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = target / draft
     ratio = ratios[token]
-    below = (ratios < ratio) | ((ratios == ratio) & (np.arange(len(ratios)) < token))
-    return float(draft[below].sum())
+    mass = float(draft @ (ratios < ratio))
+    ties = np.flatnonzero(ratios[:token] == ratio)
+    return mass + float(draft[ties].sum())
 
 
 def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
@@ -60,20 +58,30 @@ def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
 
 
 def skewed_mass(lower, added, num_drafts: int):
-    """(lower + added)^K - lower^K without cancellation (§7.2 numerics); arrays broadcast."""
+    """(lower + added)^K - lower^K without cancellation (§7.2 numerics); arrays broadcast.
+
+    Written as added * sum_{j<K} (lower + added)^j lower^(K-1-j): every term is >= 0, so there
+    is no cancellation and no transcendental function."""
     lower = np.asarray(lower, dtype=np.float64)
     added = np.asarray(added, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stable = lower**num_drafts * np.expm1(num_drafts * np.log1p(added / np.where(lower > 0, lower, 1.0)))
-    return np.where(lower > 0, stable, added**num_drafts)
+    upper = lower + added
+    total = np.zeros(np.broadcast(lower, added).shape)
+    upper_power = np.ones_like(total)
+    for j in range(num_drafts):
+        total = total + upper_power * lower ** (num_drafts - 1 - j)
+        upper_power = upper_power * upper
+    return added * total
 
 
 def select_greedy_path(tree: DraftTree) -> tuple[int, ...]:
     """§7.1: from the root, repeatedly move to the child with the largest (p/q, token id)."""
     path, node = [], ROOT
     while tree.children[node]:
-        ratios = local_ratios(tree.target_probs[node], tree.draft_probs[node])
-        node = max(tree.children[node], key=lambda child: (ratios[tree.tokens[child]], tree.tokens[child]))
+        target, draft = tree.target_probs[node], tree.draft_probs[node]
+        node = max(
+            tree.children[node],
+            key=lambda child: (target[tree.tokens[child]] / draft[tree.tokens[child]], tree.tokens[child]),
+        )
         path.append(node)
     return tuple(path)
 
@@ -103,11 +111,6 @@ class SkewedPathLaw:
         return self._rows[position]
 
 
-def path_tree_rows(tree: DraftTree, path: tuple[int, ...]) -> tuple[list[int], np.ndarray]:
-    rows = [ROOT, *path]
-    return rows, tree.tokens[list(path)]
-
-
 class GreedyMultiPathBV(Verifier):
     name = "gmpbv"
     section = "§7"
@@ -116,9 +119,10 @@ class GreedyMultiPathBV(Verifier):
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         path = select_greedy_path(tree)
-        rows, tokens = path_tree_rows(tree, path)
-        law = SkewedPathLaw(tree.target_probs[rows[:-1]], tree.draft_probs[rows[:-1]], tokens, max(tree.num_paths, 1))
-        tau, dist, guard = block_verify_path(rng, tree.target_probs[rows], law, tokens, law.token_probs)
+        rows, target_rows, draft_rows = path_rows(tree, path)
+        tokens = tree.tokens[list(path)]
+        law = SkewedPathLaw(target_rows, draft_rows, tokens, max(tree.num_paths, 1))
+        tau, dist, guard = block_verify_path(rng, target_rows, law, tokens, law.token_probs)
         return result_at(
             tree, rows[tau], rng.categorical(dist), tau == len(path), diagnostics={"residual_guard_hits": guard}
         )

@@ -90,5 +90,5 @@ def get_method(name: str, allow_controls: bool = False) -> MethodSpec:
         return METHODS[name]
     if allow_controls and name in NEGATIVE_CONTROLS:
         return NEGATIVE_CONTROLS[name]
-    valid = ", ".join(METHODS)
+    valid = ", ".join(list(METHODS) + (list(NEGATIVE_CONTROLS) if allow_controls else []))
     raise ConfigError(f"unknown method {name!r}; choose one of: {valid}")

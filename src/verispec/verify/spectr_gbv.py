@@ -28,12 +28,21 @@ def _log(value: float) -> float:
     return math.log(value) if value > 0 else -math.inf
 
 
-def _gap_mass(target_joint, draft_joint, num_drafts: int):
-    """G = P ([P - Q]_+/P)^K (0 where P = 0); arrays or scalars."""
-    target_joint = np.asarray(target_joint, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(target_joint > 0, np.maximum(target_joint - draft_joint, 0.0) / target_joint, 0.0)
-    return target_joint * ratio**num_drafts
+def _gap_mass(target_joint: float, draft_joint: float, num_drafts: int) -> float:
+    """G = P ([P - Q]_+/P)^K for one node (0 where P <= Q)."""
+    if target_joint <= draft_joint:
+        return 0.0
+    return target_joint * (1.0 - draft_joint / target_joint) ** num_drafts
+
+
+def _children_gap(target_joint: float, draft_joint: float, target: np.ndarray, draft: np.ndarray, num_drafts: int) -> np.ndarray:
+    """G(z, x) for every x, shape (V,); computed only where P(z,x) > Q(z,x) (elsewhere 0)."""
+    gaps = np.zeros_like(target)
+    children_p, children_q = target_joint * target, draft_joint * draft
+    positive = np.flatnonzero(children_p > children_q)
+    ratio = 1.0 - children_q[positive] / children_p[positive]
+    gaps[positive] = children_p[positive] * ratio**num_drafts
+    return gaps
 
 
 class SpecTrGBVPublished(Verifier):
@@ -60,14 +69,14 @@ class SpecTrGBVPublished(Verifier):
 
         def stop_probability(node: int, depth: int) -> float:
             p_z, q_z = joint(node)
-            covered = 1.0 - (1.0 - q_z) ** num_drafts
+            covered = -math.expm1(num_drafts * math.log1p(-q_z)) if q_z < 1.0 else 1.0  # 1 - (1 - Q)^K
             if depth == length:
-                denominator, numerator = covered, p_z - float(_gap_mass(p_z, q_z, num_drafts))
+                denominator, numerator = covered, p_z - _gap_mass(p_z, q_z, num_drafts)
             else:
                 children_gap = float(
-                    _gap_mass(p_z * tree.target_probs[node], q_z * tree.draft_probs[node], num_drafts).sum()
+                    _children_gap(p_z, q_z, tree.target_probs[node], tree.draft_probs[node], num_drafts).sum()
                 )
-                numerator = children_gap - float(_gap_mass(p_z, q_z, num_drafts))
+                numerator = children_gap - _gap_mass(p_z, q_z, num_drafts)
                 denominator = covered - p_z + children_gap
             return 1.0 if denominator <= 0 else numerator / denominator
 
@@ -85,7 +94,7 @@ class SpecTrGBVPublished(Verifier):
                 return result_at(tree, leaf, rng.categorical(tree.target_probs[leaf]), True)
             rejected.add(leaf)
         p_t, q_t = joint(best_node)
-        weights = _gap_mass(p_t * tree.target_probs[best_node], q_t * tree.draft_probs[best_node], num_drafts)
+        weights = _children_gap(p_t, q_t, tree.target_probs[best_node], tree.draft_probs[best_node], num_drafts)
         guard = not weights.sum() > RESIDUAL_MASS_GUARD
         dist = tree.target_probs[best_node] if guard else weights / weights.sum()
         next_token = rng.categorical(dist)

@@ -14,9 +14,9 @@ import math
 
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, result_at
+from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
 from verispec.verify.gbv_mod import greedy_block_verify_path
-from verispec.verify.gmpbv import SkewedPathLaw, path_tree_rows, select_greedy_path
+from verispec.verify.gmpbv import SkewedPathLaw, select_greedy_path
 from verispec.verify.modification import ModificationWindow, SkewedDraftJoint
 
 
@@ -33,10 +33,11 @@ class SpecTrGBVStar(Verifier):
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         path = select_greedy_path(tree)
-        rows, tokens = path_tree_rows(tree, path)
+        rows, target_rows, draft_rows = path_rows(tree, path)
+        tokens = tree.tokens[list(path)]
         num_drafts = max(tree.num_paths, 1)
-        law = SkewedPathLaw(tree.target_probs[rows[:-1]], tree.draft_probs[rows[:-1]], tokens, num_drafts)
-        tau, dist, guard = greedy_block_verify_path(rng, tree.target_probs[rows], law, tokens, law.token_probs)
+        law = SkewedPathLaw(target_rows, draft_rows, tokens, num_drafts)
+        tau, dist, guard = greedy_block_verify_path(rng, target_rows, law, tokens, law.token_probs)
         next_token = rng.categorical(dist)
         window = None
         remaining = len(path) - 1 - tau

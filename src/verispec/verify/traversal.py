@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD
 from verispec.core.rng import Rng
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, result_at
@@ -37,7 +36,6 @@ class TraversalVerification(Verifier):
         draft = {}  # node -> mutated Q_u
         live_children = [list(kids) for kids in tree.children]
         weight = np.ones(tree.num_nodes)
-        guards = 0
 
         def target_of(node):
             return target.get(node, tree.target_probs[node])
@@ -62,26 +60,25 @@ class TraversalVerification(Verifier):
             while live_children[node]:
                 node = live_children[node][0]
             if node == ROOT:
-                return result_at(tree, ROOT, rng.categorical(target_of(ROOT)), False, diagnostics={"residual_guard_hits": guards})
+                return result_at(tree, ROOT, rng.categorical(target_of(ROOT)), False)
             if rng.bernoulli(weight[node]):
                 is_bonus = not tree.children[node]
-                return result_at(
-                    tree, node, rng.categorical(target_of(node)), is_bonus, diagnostics={"residual_guard_hits": guards}
-                )
+                return result_at(tree, node, rng.categorical(target_of(node)), is_bonus)
             parent = int(tree.parents[node])
             token = int(tree.tokens[node])
+            live_children[parent].remove(node)
+            if weight[parent] == 0.0:
+                # S = 0, a_u stays 0 and every remaining child has weight 0: nothing to update
+                continue
             p_row, q_row = target_of(parent), draft_of(parent)
             surplus = np.maximum(weight[parent] * p_row - q_row, 0.0)
             mass = float(surplus.sum())
-            if mass > RESIDUAL_MASS_GUARD:
+            if mass > 0.0:  # S = 0 is legitimate (a_u P_u <= Q_u everywhere): P_u is then kept
                 target[parent] = surplus / mass
-            else:
-                guards += 1  # exact arithmetic: only on a branch of probability ~0 with S > 0 needed
             weight[parent] = mass / (mass + 1.0 - weight[parent])
             if update_draft:
                 reduced = q_row.copy()
                 reduced[token] = 0.0
                 remaining = reduced.sum()
                 draft[parent] = reduced / remaining if remaining > 0 else reduced
-            live_children[parent].remove(node)
             reweight(parent)

