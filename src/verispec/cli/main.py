@@ -63,12 +63,34 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--seed", type=int, default=0)
     _add_sampling_flags(demo)
+
+    from verispec.cli.sprinter import add_sprinter_parser
+
+    add_sprinter_parser(sub)
+
+    from verispec.cli.bench import add_bench_arguments, add_theory_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="benchmark sweep: methods x datasets x K x L x temperature x seeds"))
+    add_theory_arguments(sub.add_parser("theory", help="closed-form expectations: expected block efficiency and speedup"))
+
+    from verispec.cli.draft import add_distill_parser, add_draft_parser
+
+    add_draft_parser(sub)
+    add_distill_parser(sub)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "generate" and args.method == "sprinter":
+            from verispec.cli.sprinter import run_generate_sprinter
+
+            return run_generate_sprinter(args)
+        if args.command == "sprinter":
+            from verispec.cli.sprinter import run_sprinter
+
+            return run_sprinter(args)
         if args.command == "generate":
             from verispec.cli.generate import run_generate
 
@@ -85,6 +107,22 @@ def main(argv=None) -> int:
             from verispec.cli.generate import run_demo
 
             return run_demo(args)
+        if args.command == "draft":
+            from verispec.cli.draft import run_draft
+
+            return run_draft(args)
+        if args.command == "distill":
+            from verispec.cli.draft import run_distill
+
+            return run_distill(args)
+        if args.command == "bench":
+            from verispec.cli.bench import run_bench
+
+            return run_bench(args)
+        if args.command == "theory":
+            from verispec.cli.bench import run_theory
+
+            return run_theory(args)
     except VerispecError as error:
         print(f"verispec: error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,148 @@
+"""``verispec bench`` (sweep, record, replay, anchor) and ``verispec theory``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from verispec.errors import ConfigError
+
+# Flags that map onto BenchConfig keys (argparse dest -> config key); None = not given.
+CONFIG_FLAGS = (
+    "methods", "dataset", "limit", "K", "L", "temperatures", "max_new_tokens", "seeds", "out", "target",
+    "draft", "dtype", "device", "threads", "top_k", "top_p", "chat", "record", "record_limit", "anchor", "warmup", "progress",
+)
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``verispec bench``; every default is None so that a --config file fills the gaps."""
+    parser.add_argument("--config", default=None, help="YAML or TOML file with the same keys as the flags")
+    parser.add_argument("--methods", default=None, help="comma-separated registry names, e.g. sd,bv,spectr")
+    parser.add_argument("--dataset", action="append", default=None,
+                        help="'humaneval' or a Spec-Bench-format JSONL file (repeatable, or comma list)")
+    parser.add_argument("--limit", type=int, default=None, help="prompts per dataset (per category for Spec-Bench files; default 10)")
+    parser.add_argument("-K", "--num-drafts", dest="K", default=None, help="comma list of K (default 1)")
+    parser.add_argument("-L", "--draft-len", dest="L", default=None, help="comma list of L (default 4)")
+    parser.add_argument("--temperatures", default=None, help="comma list, 0 = greedy (default 0)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    parser.add_argument("--seeds", default=None, help="comma list (default 0)")
+    parser.add_argument("--out", default=None, help="output folder (default bench_out)")
+    parser.add_argument("--target", default=None, help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--draft", default=None, help="draft model directory, or 'ngram' (default)")
+    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--no-chat", dest="chat", action="store_const", const=False, default=None,
+                        help="do not wrap prompts in the chat template")
+    parser.add_argument("--record", action="store_const", const=True, default=None,
+                        help="store the verified draft trees (full float64 vectors) under OUT/trees for --replay")
+    parser.add_argument("--record-limit", type=int, default=None, help="rounds recorded per configuration (default 32)")
+    parser.add_argument("--anchor", action="store_const", const=True, default=None,
+                        help="add transformers' generate and assisted generation (needs --draft DIR)")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_const", const=False, default=None)
+    parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
+    parser.add_argument("--replay", default=None, metavar="DIR",
+                        help="re-verify the trees recorded in DIR with --methods (no models are run)")
+    parser.add_argument("--replay-seed", type=int, default=0, help="base seed of the common random numbers")
+    parser.add_argument("--replay-repeats", type=int, default=1, help="verifications per recorded tree (default 1)")
+
+
+def add_theory_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="theory_command", required=True)
+    speedup = sub.add_parser("speedup", help="expected BE and speedup for L = 1..16 at acceptance alpha and draft cost ratio c")
+    speedup.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate in [0, 1]")
+    speedup.add_argument("-L", "--draft-len", type=int, default=4, help="the draft length to report (marked in the table)")
+    speedup.add_argument("--cost-ratio", type=float, default=0.0, help="draft forward cost / target forward cost (c)")
+    speedup.add_argument("--max-L", type=int, default=16, help="largest L in the table (default 16)")
+
+
+def run_bench(args) -> int:
+    if args.replay:
+        return run_replay(args)
+    from verispec.bench.config import make_config
+    from verispec.bench.report import markdown_table, paper_tables, write_reports
+    from verispec.bench.runner import run_sweep
+
+    overrides = {key: getattr(args, key) for key in CONFIG_FLAGS}
+    config = make_config(args.config, overrides)
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    target_model, tokenizer, draft = load_models(config)
+    result = run_sweep(config, target_model, tokenizer, draft)
+    paths = write_reports(config.out, result.records, result.rows, result.skipped, result.meta)
+    for table in paper_tables(result.rows):
+        print(markdown_table(table) + "\n")
+    for skipped in dict.fromkeys(f"{s.method} K={s.num_drafts} L={s.draft_len}: {s.reason}" for s in result.skipped):
+        print(f"skipped {skipped}", file=sys.stderr)
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    if result.recordings:
+        print(f"recorded draft trees: {len(result.recordings)} files under {Path(config.out) / 'trees'}", file=sys.stderr)
+    return 0
+
+
+def load_models(config):
+    """(target model, tokenizer, draft) where draft is 'ngram' or a loaded model."""
+    from verispec.cli.generate import DTYPES
+    from verispec.models.default import load_model
+
+    target_model, tokenizer = load_model(config.target, DTYPES[config.dtype], config.device)
+    if config.draft in (None, "default", "ngram"):
+        return target_model, tokenizer, "ngram"
+    draft_model, _ = load_model(config.draft, DTYPES[config.dtype], config.device)
+    return target_model, tokenizer, draft_model
+
+
+def run_replay(args) -> int:
+    from verispec.bench.config import normalise_keys, read_config_file
+    from verispec.bench.replay import replay, replay_markdown, write_replay
+
+    methods = args.methods
+    if methods is None and args.config:
+        methods = normalise_keys(read_config_file(args.config)).get("methods")
+    if methods is None:
+        raise ConfigError("--replay needs --methods, e.g. --methods sd,bv,gbv-mod")
+    methods = normalise_keys({"methods": methods})["methods"]
+    report = replay(args.replay, methods, args.replay_seed, args.replay_repeats)
+    paths = write_replay(report, args.out or args.replay)
+    print(replay_markdown(report))
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def speedup_table(alpha: float, cost_ratio: float, max_len: int = 16) -> list[tuple[int, float, float]]:
+    """(L, expected BE, expected speedup) for L = 1..max_len: BE = (1 - a^(L+1)) / (1 - a),
+    speedup = BE / (1 + L c) (Leviathan et al.; closed_forms.expected_speedup)."""
+    from verispec.theory.closed_forms import expected_block_efficiency, expected_speedup
+
+    return [
+        (draft_len, expected_block_efficiency(alpha, draft_len), expected_speedup(alpha, draft_len, draft_len * cost_ratio))
+        for draft_len in range(1, max_len + 1)
+    ]
+
+
+def run_theory(args) -> int:
+    if args.theory_command != "speedup":  # pragma: no cover - argparse restricts the choices
+        raise ConfigError(f"unknown theory command {args.theory_command!r}")
+    if not 0.0 <= args.alpha <= 1.0:
+        raise ConfigError(f"--alpha must lie in [0, 1], got {args.alpha}")
+    if args.cost_ratio < 0:
+        raise ConfigError(f"--cost-ratio must be >= 0, got {args.cost_ratio}")
+    if args.draft_len < 1 or args.max_L < 1:
+        raise ConfigError(f"-L and --max-L must be >= 1, got {args.draft_len} and {args.max_L}")
+    table = speedup_table(args.alpha, args.cost_ratio, max(args.max_L, args.draft_len))
+    best = max(table, key=lambda row: row[2])
+    print(f"alpha = {args.alpha:g}, cost ratio c = {args.cost_ratio:g}: BE = (1-a^(L+1))/(1-a), speedup = BE / (1 + L c)")
+    print(f"{'L':>3} {'expected BE':>12} {'speedup':>9}")
+    for draft_len, block_efficiency, speedup in table:
+        marks = " <- best" if draft_len == best[0] else ""
+        marks += " <- -L" if draft_len == args.draft_len else ""
+        print(f"{draft_len:>3} {block_efficiency:>12.4f} {speedup:>9.4f}{marks}")
+    chosen = table[args.draft_len - 1]
+    print(f"L = {args.draft_len}: expected BE {chosen[1]:.4f}, expected speedup {chosen[2]:.4f}")
+    print(f"best L = {best[0]}: expected BE {best[1]:.4f}, expected speedup {best[2]:.4f}")
+    return 0
