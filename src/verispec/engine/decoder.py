@@ -149,6 +149,9 @@ class SpeculativeDecoder:
     tree:   children per depth for token-tree methods (e.g. [2, 2, 1]); overrides L.
     temperature / top_k / top_p: applied to target and draft logits alike (0 = greedy);
     draft_temperature overrides the draft's temperature only.
+    step_callback(tree, result, step): called after every speculative round with the verified
+    ``DraftTree`` (target vectors as verified, modifications applied), the ``VerifyResult`` and
+    the round's ``StepStats`` — e.g. to record draft trees for replay.
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class SpeculativeDecoder:
         stop: Sequence[str] = (),
         seed: int = 0,
         device=None,
+        step_callback=None,
     ):
         self.target = _as_adapter(target, device)
         self.tokenizer = tokenizer
@@ -186,6 +190,8 @@ class SpeculativeDecoder:
             eos_token_id = tokenizer.eos_token_id
         self.eos_ids = {int(e) for e in ([] if eos_token_id is None else np.atleast_1d(eos_token_id))}
         self.seed = seed
+        self.step_callback = step_callback
+        self.last_output: GenerationOutput | None = None
         self.num_drafts, self.draft_len, self.tree = self._check_shape(num_drafts, draft_len, tree)
         self.drafter: Drafter | None = None if self.spec is None else self._make_drafter(draft, device)
         if self.drafter is not None and self.drafter.vocab_size != self.target.vocab_size:
@@ -259,10 +265,9 @@ class SpeculativeDecoder:
     # ----- public API ---------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int]) -> GenerationOutput:
         """Decode until max_new_tokens, an EOS token or a stop string."""
-        output = None
-        for output in self._run(prompt):
+        for _ in self._run(prompt):
             pass
-        return output
+        return self.last_output
 
     def stream(self, prompt: str | Sequence[int]) -> Iterator[str]:
         """Yield text as blocks are accepted (the concatenation equals ``generate().text``)."""
@@ -312,16 +317,18 @@ class SpeculativeDecoder:
                 stop_reason = "stop_string"
             step.other_seconds += time.perf_counter() - tic
             steps.append(step)
-            yield GenerationOutput(
+            self.last_output = GenerationOutput(
                 self.method, self.num_drafts, self.draft_len, prompt_ids, list(generated), text, steps,
                 time.perf_counter() - start, prefill_seconds, stop_reason or "running", asdict(self.params),
             )
+            yield self.last_output
             if stop_reason:
                 return
-        yield GenerationOutput(
+        self.last_output = GenerationOutput(
             self.method, self.num_drafts, self.draft_len, prompt_ids, list(generated), self._decode(generated), steps,
             time.perf_counter() - start, prefill_seconds, stop_reason, asdict(self.params),
         )
+        yield self.last_output
 
     def _stop_reason(self, generated) -> str:
         if any(token in self.eos_ids for token in generated):
@@ -377,6 +384,8 @@ class SpeculativeDecoder:
             other_seconds=time.perf_counter() - tic,
             draft_calls=self.drafter.calls - calls_before,
         )
+        if self.step_callback is not None:
+            self.step_callback(tree, result, step)
         return step, list(result.output_tokens), windows
 
     @staticmethod

