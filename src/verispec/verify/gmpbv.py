@@ -48,7 +48,8 @@ def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
     middle = np.flatnonzero((target > 0) & (draft > 0))
     ratios = target[middle] / draft[middle]
     order = np.argsort(ratios)
-    if np.any(np.diff(ratios[order]) == 0):  # exact ties: break them by token id
+    ranked_ratios = ratios[order]
+    if np.any(ranked_ratios[1:] == ranked_ratios[:-1]):  # exact ties: break them by token id
         order = np.lexsort((middle, ratios))
     ranked = middle[order]
     ranked_mass = draft[ranked]
@@ -65,11 +66,13 @@ def skewed_mass(lower, added, num_drafts: int):
     lower = np.asarray(lower, dtype=np.float64)
     added = np.asarray(added, dtype=np.float64)
     upper = lower + added
-    total = np.zeros(np.broadcast(lower, added).shape)
-    upper_power = np.ones_like(total)
-    for j in range(num_drafts):
-        total = total + upper_power * lower ** (num_drafts - 1 - j)
-        upper_power = upper_power * upper
+    # Horner in upper: sum_{j<K} upper^j lower^(K-1-j) = ((upper + lower) upper + lower^2) upper + ...
+    total = np.ones(np.broadcast(lower, added).shape)
+    lower_power = np.ones_like(total)
+    for _ in range(num_drafts - 1):
+        lower_power *= lower
+        total *= upper
+        total += lower_power
     return added * total
 
 

@@ -71,14 +71,20 @@ class TraversalVerification(Verifier):
                 # S = 0, a_u stays 0 and every remaining child has weight 0: nothing to update
                 continue
             p_row, q_row = target_of(parent), draft_of(parent)
-            surplus = np.maximum(weight[parent] * p_row - q_row, 0.0)
+            surplus = weight[parent] * p_row
+            surplus -= q_row
+            np.maximum(surplus, 0.0, out=surplus)
             mass = float(surplus.sum())
             if mass > 0.0:  # S = 0 is legitimate (a_u P_u <= Q_u everywhere): P_u is then kept
-                target[parent] = surplus / mass
-            weight[parent] = mass / (mass + 1.0 - weight[parent])
+                surplus /= mass
+                target[parent] = surplus
+            # denominator = sum [Q_u - a_u P_u]_+ > 0 in exact arithmetic; it can round to 0 only on a
+            # branch of probability ~1e-16 (a child rejected with weight 1 - eps)
+            denominator = mass + 1.0 - weight[parent]
+            weight[parent] = min(1.0, mass / denominator) if denominator > 0.0 else 1.0
             if update_draft:
-                reduced = q_row.copy()
+                remaining = 1.0 - float(q_row[token])  # Q_u sums to 1: no pass over V needed
+                reduced = q_row / remaining if remaining > 0 else q_row.copy()
                 reduced[token] = 0.0
-                remaining = reduced.sum()
-                draft[parent] = reduced / remaining if remaining > 0 else reduced
+                draft[parent] = reduced
             reweight(parent)
