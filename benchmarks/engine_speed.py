@@ -2,7 +2,7 @@
 rules at K = 2, 3, L = 4, 8, temperature 0 and 0.6, on HumanEval prompts, in ONE run so the
 ratios are measured side by side. Prints a table and the process's peak memory.
 
-    .venv/bin/python benchmarks/engine_speed.py --prompts 3 --max-new-tokens 48 --dtype bf16
+    .venv/bin/python benchmarks/engine_speed.py --prompts 3 --max-new-tokens 48 --dtype fp32 --threads 1
 """
 
 from __future__ import annotations
@@ -40,13 +40,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     parser.add_argument("--draft", default="ngram")
     parser.add_argument("--multi", default="spectr,rrsw,traversal,gmpbv", help="multi-draft rules to compare")
     parser.add_argument("--temperatures", default="0,0.6")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model, tokenizer = load_default_target(DTYPES[args.dtype])
     draft = args.draft

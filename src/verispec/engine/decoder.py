@@ -138,7 +138,63 @@ def _as_adapter(model, device=None):
     return model if isinstance(model, HFModelAdapter) else HFModelAdapter(model, device=device)
 
 
-class SpeculativeDecoder:
+class TextDecoding:
+    """The public surface shared by the decoding loops (speculative and SPRINTER): ``generate``,
+    ``stream``, prompt encoding and the stopping rules. Subclasses provide ``_run(prompt, rng)``,
+    a generator of ``GenerationOutput`` snapshots that sets ``self.last_output``."""
+
+    tokenizer = None
+    eos_ids: set = set()
+    max_new_tokens: int = 1
+    last_output: GenerationOutput | None = None
+
+    def generate(self, prompt: str | Sequence[int], rng=None) -> GenerationOutput:
+        """Decode until max_new_tokens, an EOS token or a stop string. ``rng``: any ``Rng``
+        (default ``SeededRng(self.seed)``), e.g. the replay enumerator for exact tests."""
+        for _ in self._run(prompt, rng):
+            pass
+        return self.last_output
+
+    def stream(self, prompt: str | Sequence[int]) -> Iterator[str]:
+        """Yield text as blocks are accepted (the concatenation equals ``generate().text``)."""
+        printed = ""
+        for output in self._run(prompt):
+            if output.text.startswith(printed) and len(output.text) > len(printed):
+                yield output.text[len(printed) :]
+                printed = output.text
+
+    def _run(self, prompt, rng=None) -> Iterator[GenerationOutput]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ConfigError("a text prompt needs a tokenizer; pass tokenizer= or token ids")
+            from verispec.models.default import encode_prompt
+
+            return encode_prompt(self.tokenizer, prompt)
+        return [int(t) for t in prompt]
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def _stop_reason(self, generated) -> str:
+        if any(token in self.eos_ids for token in generated):
+            return "eos"
+        if len(generated) >= self.max_new_tokens:
+            return "max_new_tokens"
+        return ""
+
+    def _truncate(self, generated):
+        """Cut after the first EOS token and at max_new_tokens."""
+        for index, token in enumerate(generated):
+            if token in self.eos_ids:
+                generated = generated[: index + 1]
+                break
+        return generated[: self.max_new_tokens]
+
+
+class SpeculativeDecoder(TextDecoding):
     """Speculative decoding of ``target`` with ``draft`` and a registered verification rule.
 
     target: a transformers causal LM or an ``HFModelAdapter``.
@@ -262,36 +318,10 @@ class SpeculativeDecoder:
         modified = modify_tree_targets(windows, np.asarray(skeleton.tokens), np.asarray(skeleton.parents), raw, skeleton.draft_probs)
         return skeleton.with_target(modified.target_probs, validate=False), modified
 
-    # ----- public API ---------------------------------------------------------------------
-    def generate(self, prompt: str | Sequence[int]) -> GenerationOutput:
-        """Decode until max_new_tokens, an EOS token or a stop string."""
-        for _ in self._run(prompt):
-            pass
-        return self.last_output
-
-    def stream(self, prompt: str | Sequence[int]) -> Iterator[str]:
-        """Yield text as blocks are accepted (the concatenation equals ``generate().text``)."""
-        printed = ""
-        for output in self._run(prompt):
-            if output.text.startswith(printed) and len(output.text) > len(printed):
-                yield output.text[len(printed) :]
-                printed = output.text
-
-    def _encode(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ConfigError("a text prompt needs a tokenizer; pass tokenizer= or token ids")
-            from verispec.models.default import encode_prompt
-
-            return encode_prompt(self.tokenizer, prompt)
-        return [int(t) for t in prompt]
-
-    def _decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-
-    def _run(self, prompt) -> Iterator[GenerationOutput]:
+    # ----- the loop -------------------------------------------------------------------------
+    def _run(self, prompt, rng=None) -> Iterator[GenerationOutput]:
         prompt_ids = self._encode(prompt)
-        rng = SeededRng(self.seed)
+        rng = SeededRng(self.seed) if rng is None else rng
         start = time.perf_counter()
         self.target.reset(prompt_ids)
         if self.drafter is not None:
@@ -329,20 +359,6 @@ class SpeculativeDecoder:
             time.perf_counter() - start, prefill_seconds, stop_reason, asdict(self.params),
         )
         yield self.last_output
-
-    def _stop_reason(self, generated) -> str:
-        if any(token in self.eos_ids for token in generated):
-            return "eos"
-        if len(generated) >= self.max_new_tokens:
-            return "max_new_tokens"
-        return ""
-
-    def _truncate(self, generated):
-        for index, token in enumerate(generated):
-            if token in self.eos_ids:
-                generated = generated[: index + 1]
-                break
-        return generated[: self.max_new_tokens]
 
     def _plain_round(self, rng):
         tic = time.perf_counter()

@@ -30,7 +30,7 @@ import numpy as np
 
 from verispec.core.rng import SeededRng
 from verispec.core.sampling import SamplingParams, logits_to_probs
-from verispec.engine.decoder import GenerationOutput, StepStats, _as_adapter
+from verispec.engine.decoder import GenerationOutput, StepStats, TextDecoding, _as_adapter
 from verispec.engine.drafters import ModelDrafter, NGramDrafter
 from verispec.errors import ConfigError
 from verispec.sprinter.features import DraftState, FeatureExtractor, HiddenStateTap, hf_model, make_extractor, model_identifier
@@ -164,7 +164,7 @@ class _FlopMeter:
 
 
 # ----- the decoder -------------------------------------------------------------------------------
-class SprinterDecoder:
+class SprinterDecoder(TextDecoding):
     """SPRINTER with a learned (or test) verifier; see the module docstring.
 
     target:   a transformers causal LM or an ``HFModelAdapter``.
@@ -259,33 +259,6 @@ class SprinterDecoder:
         draft = self.drafter.adapter.model if isinstance(self.drafter, ModelDrafter) else "ngram"
         return model_identifier(self.target.model), model_identifier(draft)
 
-    # ----- public API ---------------------------------------------------------------------
-    def generate(self, prompt: str | Sequence[int], rng=None) -> SprinterOutput:
-        """Decode until max_new_tokens, an EOS token or a stop string. ``rng``: any ``Rng``
-        (default ``SeededRng(self.seed)``); the exact tests pass the replay enumerator's."""
-        for _ in self._run(prompt, rng):
-            pass
-        return self.last_output
-
-    def stream(self, prompt: str | Sequence[int]) -> Iterator[str]:
-        printed = ""
-        for output in self._run(prompt):
-            if output.text.startswith(printed) and len(output.text) > len(printed):
-                yield output.text[len(printed) :]
-                printed = output.text
-
-    def _encode(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ConfigError("a text prompt needs a tokenizer; pass tokenizer= or token ids")
-            from verispec.models.default import encode_prompt
-
-            return encode_prompt(self.tokenizer, prompt)
-        return [int(t) for t in prompt]
-
-    def _decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-
     def _output(self, prompt_ids, generated, steps, start, prefill_seconds, stop_reason, text=None) -> SprinterOutput:
         verifier_calls = sum(s.verifier_calls for s in steps)
         flops = {
@@ -330,20 +303,6 @@ class SprinterDecoder:
             yield self.last_output
             if stop_reason:
                 return
-
-    def _stop_reason(self, generated) -> str:
-        if any(token in self.eos_ids for token in generated):
-            return "eos"
-        if len(generated) >= self.max_new_tokens:
-            return "max_new_tokens"
-        return ""
-
-    def _truncate(self, generated):
-        for index, token in enumerate(generated):
-            if token in self.eos_ids:
-                generated = generated[: index + 1]
-                break
-        return generated[: self.max_new_tokens]
 
     def _target_probs(self, run: list[int], context_len: int) -> np.ndarray:
         """One target forward over the tokens kept since its last call: p(.|context + run), (V,)."""
