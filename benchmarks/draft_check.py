@@ -21,7 +21,7 @@ from verispec.core.sampling import SamplingParams
 from verispec.distill import check
 from verispec.distill.data import load_shards
 from verispec.models.default import load_model
-import verispec.models.default_draft  # noqa: F401  (registers the draft architecture)
+from verispec.models.default_draft import register
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    register()  # the sub-vocabulary draft architecture (idempotent)
     dtype = DTYPES[args.dtype]
 
     started = time.perf_counter()

@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from tests.distill.helpers import constant_llama, save_pair_member, tiny_llama, word_tokenizer
 from verispec.cli.main import main

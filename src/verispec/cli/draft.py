@@ -140,7 +140,7 @@ def check_prompts(args, tokenizer) -> list[list[int]]:
     return [encode_truncated(tokenizer, p.text, args.max_prompt_tokens) for p in prompts]
 
 
-def pair_measurements(args, draft_temperatures=None):
+def pair_measurements(args):
     """Load the pair and compute what check and temperature share: sequences, target logits,
     draft rows (logits, or raw n-gram probabilities)."""
     from verispec.core.sampling import SamplingParams

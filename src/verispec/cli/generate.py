@@ -19,8 +19,14 @@ def load_pair(target: str | None, draft: str | None, dtype: str, device: str, ne
     target_model, tokenizer = load_model(target, DTYPES[dtype], device)
     if not need_draft:
         return target_model, tokenizer, None
-    if draft in (None, "default", "ngram"):
-        draft_model = "ngram"  # the training-free default draft (models/ngram.py)
+    import verispec.models.default_draft  # noqa: F401  registers the sub-vocabulary draft architecture
+
+    if draft == "ngram":
+        draft_model = "ngram"
+    elif draft in (None, "default"):
+        # the shipped trained draft when there is one, else the training-free n-gram draft
+        shipped = verispec.models.default_draft.load_default_draft(DTYPES[dtype], device) if target in (None, "default") else None
+        draft_model = shipped if shipped is not None else "ngram"
     else:
         draft_model, _ = load_model(draft, DTYPES[dtype], device)
     return target_model, tokenizer, draft_model
