@@ -103,6 +103,7 @@ def main(argv=None) -> int:
         if not (args.target and args.draft):
             parser.error("give --target DIR and --draft DIR (Hugging Face model directories), or --tiny")
         from verispec.cli.generate import DTYPES
+        import verispec.models.default_draft  # noqa: F401  registers the distilled drafts' architecture
         from verispec.models.default import load_model
 
         target, tokenizer = load_model(args.target, DTYPES[args.dtype])

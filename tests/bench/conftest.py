@@ -4,7 +4,6 @@ hand-made two-prompt Spec-Bench-format dataset."""
 import json
 
 import pytest
-import torch
 
 from tests.engine.tiny import tiny_llama
 
@@ -22,14 +21,6 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(ord("a") + int(i)) for i in ids)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def single_thread_torch():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

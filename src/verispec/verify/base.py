@@ -84,15 +84,17 @@ def chain_nodes(tree: DraftTree) -> tuple[int, ...]:
     return tree.path_to(tree.num_nodes - 1)
 
 
-def path_rows(tree: DraftTree, path: tuple[int, ...]) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """(rows root..leaf, target vectors (L+1, V), draft vectors (L, V)) of a root path.
+def path_rows(tree: DraftTree, path: tuple[int, ...]):
+    """(rows root..leaf, target vectors (L+1, V), draft vectors (L, V)) of a root path, as arrays
+    or lists of row views, both indexable by position.
 
     A chain stores its nodes in order, so the vectors are views, not copies (a copy of the
     rows costs more than BV itself at V = 50k)."""
     rows = [ROOT, *path]
     if rows == list(range(len(rows))):
         return rows, tree.target_probs[: len(rows)], tree.draft_probs[: len(rows) - 1]
-    return rows, tree.target_probs[rows], tree.draft_probs[rows[:-1]]
+    # a path through a trie: lists of row views (stacking them would copy L x V floats)
+    return rows, [tree.target_probs[r] for r in rows], [tree.draft_probs[r] for r in rows[:-1]]
 
 
 def result_at(tree: DraftTree, node: int, next_token: int, is_bonus: bool, **extra) -> VerifyResult:

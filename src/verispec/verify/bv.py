@@ -26,9 +26,9 @@ def capped_weights(target_token_probs: np.ndarray, draft_token_probs: np.ndarray
 
 
 def block_verify_path(
-    rng: Rng, target_probs: np.ndarray, draft_rows, tokens: np.ndarray, draft_token_probs: np.ndarray | None = None
+    rng: Rng, target_probs, draft_rows, tokens: np.ndarray, draft_token_probs: np.ndarray | None = None
 ) -> tuple[int, np.ndarray, bool]:
-    """BV on one path with full vectors. target_probs: (L+1, V) = p_1..p_{L+1};
+    """BV on one path with full vectors. target_probs: p_1..p_{L+1}, (L+1, V) array or list of rows;
     draft_rows: q_1..q_L, indexable by position (an (L, V) array, or a lazy row provider for
     draft laws that are costly to build, e.g. q̃ of §7); draft_token_probs: (L,) q_i(x_i)
     (read from draft_rows when omitted).
@@ -40,11 +40,15 @@ def block_verify_path(
     length = len(tokens)
     if draft_token_probs is None:
         draft_token_probs = np.array([draft_rows[i][tokens[i]] for i in range(length)])
-    weights = capped_weights(target_probs[np.arange(length), tokens], draft_token_probs)
+    weights = capped_weights(np.array([target_probs[i][tokens[i]] for i in range(length)]), draft_token_probs)
     for i in range(length, 0, -1):
         w = weights[i]
         if i == length:
             stop = w
+        elif w <= 0.0 or w >= 1.0:
+            # w = 0 gives rho = 0 and h = 0; w = 1 gives h = rho / rho = 1 (h = 1 by definition
+            # when rho = 0 too): no pass over the vocabulary, and no draft row is built
+            stop = min(max(w, 0.0), 1.0)
         else:
             difference = w * target_probs[i]
             difference -= draft_rows[i]

@@ -42,7 +42,7 @@ def greedy_block_verify_path(
     if draft_token_probs is None:
         draft_token_probs = np.array([draft_rows[i][tokens[i]] for i in range(length)])
     with np.errstate(divide="ignore"):
-        log_ratios = np.log(target_probs[positions, tokens]) - np.log(draft_token_probs)
+        log_ratios = np.log(np.array([target_probs[i][tokens[i]] for i in positions])) - np.log(draft_token_probs)
     log_nu = np.concatenate([[0.0], np.cumsum(log_ratios)])
     for i in range(length, 0, -1):
         if i == length:

@@ -41,10 +41,12 @@ def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
     vocab = len(draft)
     below = np.empty(vocab)
     zero_ratio = (target == 0) & (draft > 0)
-    zero_mass = np.where(zero_ratio, draft, 0.0)
-    cumulative = np.cumsum(zero_mass)
-    below[zero_ratio] = (cumulative - zero_mass)[zero_ratio]
-    bottom = float(cumulative[-1])
+    bottom = 0.0
+    if zero_ratio.any():  # dense (untruncated) distributions have none: skip the pass
+        zero_mass = np.where(zero_ratio, draft, 0.0)
+        cumulative = np.cumsum(zero_mass)
+        below[zero_ratio] = (cumulative - zero_mass)[zero_ratio]
+        bottom = float(cumulative[-1])
     middle = np.flatnonzero((target > 0) & (draft > 0))
     ratios = target[middle] / draft[middle]
     order = np.argsort(ratios)
