@@ -52,20 +52,25 @@ def _decoder(args, target_model, tokenizer, draft_model, method=None) -> Specula
     )
 
 
+def decode_and_print(decoder, prompt_ids, stream: bool):
+    """Run a decoder (speculative or SPRINTER) and print its text, streamed or at the end."""
+    if stream:
+        for piece in decoder.stream(prompt_ids):
+            print(piece, end="", flush=True)
+        print()
+        return decoder.last_output
+    output = decoder.generate(prompt_ids)
+    print(output.text)
+    return output
+
+
 def run_generate(args) -> int:
     from verispec.models.default import encode_prompt
 
     target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, args.method != "ar")
     decoder = _decoder(args, target_model, tokenizer, draft_model)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat)
-    if args.stream:
-        for piece in decoder.stream(prompt_ids):
-            print(piece, end="", flush=True)
-        print()
-        output = decoder.last_output
-    else:
-        output = decoder.generate(prompt_ids)
-        print(output.text)
+    output = decode_and_print(decoder, prompt_ids, args.stream)
     print(
         f"[{output.method} K={output.num_drafts} L={output.draft_len}] {output.new_tokens} tokens, "
         f"{output.target_calls} target calls, block efficiency {output.block_efficiency:.2f}, "

@@ -431,14 +431,9 @@ def run_generate_sprinter(args) -> int:
             file=sys.stderr,
         )
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not getattr(args, "no_chat", False))
-    if getattr(args, "stream", False):
-        for piece in decoder.stream(prompt_ids):
-            print(piece, end="", flush=True)
-        print()
-        output = decoder.last_output
-    else:
-        output = decoder.generate(prompt_ids)
-        print(output.text)
+    from verispec.cli.generate import decode_and_print
+
+    output = decode_and_print(decoder, prompt_ids, getattr(args, "stream", False))
     summary = output.verifier_summary()
     print(
         f"[sprinter eta={output.eta:g} max_run={output.max_run}] {output.new_tokens} tokens, {output.target_calls} target calls, "
