@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from verispec.errors import InvalidDistributionError
@@ -64,3 +66,8 @@ def residual(target: np.ndarray, draft: np.ndarray, target_scale: float = 1.0) -
 def positive_part_mass(vector: np.ndarray) -> float:
     """sum_x [vector(x)]_+ ."""
     return float(np.maximum(vector, 0.0).sum())
+
+
+def safe_log(value: float) -> float:
+    """log(value), with log(0) = -inf (joint probabilities of zero-probability prefixes)."""
+    return math.log(value) if value > 0 else -math.inf

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from verispec.core.rng import Rng
-import numpy as np
-
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.errors import UnsupportedDraftSchemeError
 

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.probs import RESIDUAL_MASS_GUARD, safe_log
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, path_rows, result_at
@@ -74,10 +74,6 @@ def _residual_at(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[
     return weights / mass, False
 
 
-def _log(value: float) -> float:
-    return math.log(value) if value > 0 else -math.inf
-
-
 class GBVMod(Verifier):
     name = "gbv-mod"
     section = "§4"
@@ -95,11 +91,11 @@ class GBVMod(Verifier):
         window = None
         remaining = len(path) - 1 - tau
         if self.modify_target and remaining > 0:
-            log_p = sum(_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
-            log_q = sum(_log(tree.draft_probs[rows[j], tokens[j]]) for j in range(tau))
+            log_p = sum(safe_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
+            log_q = sum(safe_log(tree.draft_probs[rows[j], tokens[j]]) for j in range(tau))
             window = ModificationWindow(
-                log_p + _log(tree.target_probs[rows[tau], next_token]),
-                PlainDraftJoint(log_q + _log(tree.draft_probs[rows[tau], next_token])),
+                log_p + safe_log(tree.target_probs[rows[tau], next_token]),
+                PlainDraftJoint(log_q + safe_log(tree.draft_probs[rows[tau], next_token])),
                 remaining,
             )
         return result_at(

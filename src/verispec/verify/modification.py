@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.probs import RESIDUAL_MASS_GUARD, safe_log
 
 
 class DraftJoint(Protocol):
@@ -41,7 +41,7 @@ class PlainDraftJoint:
         return math.exp(self.log_mass) * draft if self.log_mass > -math.inf else np.zeros_like(draft)
 
     def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "PlainDraftJoint":
-        return PlainDraftJoint(self.log_mass + _log(draft[token]))
+        return PlainDraftJoint(self.log_mass + safe_log(draft[token]))
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,6 @@ class SkewedDraftJoint:
             self.mass * float(draft[token]),
             self.num_drafts,
         )
-
-
-def _log(value: float) -> float:
-    return math.log(value) if value > 0 else -math.inf
 
 
 @dataclass(frozen=True)
@@ -109,7 +105,7 @@ class ModificationWindow:
         if self.remaining <= 1:
             return None
         return ModificationWindow(
-            self.log_target_joint + _log(float(base_target[token])),
+            self.log_target_joint + safe_log(float(base_target[token])),
             self.draft_joint.advance(token, base_target, draft),
             self.remaining - 1,
             self.power,

@@ -17,15 +17,11 @@ import math
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.probs import RESIDUAL_MASS_GUARD, safe_log
 from verispec.core.rng import Rng
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, result_at
 from verispec.verify.modification import ModificationWindow, PlainDraftJoint
-
-
-def _log(value: float) -> float:
-    return math.log(value) if value > 0 else -math.inf
 
 
 def _gap_mass(target_joint: float, draft_joint: float, num_drafts: int) -> float:
@@ -61,8 +57,8 @@ class SpecTrGBVPublished(Verifier):
         log_q = np.zeros(tree.num_nodes)
         for node in range(1, tree.num_nodes):
             parent, token = int(tree.parents[node]), int(tree.tokens[node])
-            log_p[node] = log_p[parent] + _log(tree.target_probs[parent, token])
-            log_q[node] = log_q[parent] + _log(tree.draft_probs[parent, token])
+            log_p[node] = log_p[parent] + safe_log(tree.target_probs[parent, token])
+            log_q[node] = log_q[parent] + safe_log(tree.draft_probs[parent, token])
 
         def joint(node):
             return math.exp(log_p[node]), math.exp(log_q[node])
@@ -102,8 +98,8 @@ class SpecTrGBVPublished(Verifier):
         remaining = length - 1 - best_depth
         if self.modify_target and remaining > 0:
             window = ModificationWindow(
-                log_p[best_node] + _log(tree.target_probs[best_node, next_token]),
-                PlainDraftJoint(log_q[best_node] + _log(tree.draft_probs[best_node, next_token])),
+                log_p[best_node] + safe_log(tree.target_probs[best_node, next_token]),
+                PlainDraftJoint(log_q[best_node] + safe_log(tree.draft_probs[best_node, next_token])),
                 remaining,
                 power=num_drafts,
             )

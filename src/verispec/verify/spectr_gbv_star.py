@@ -10,18 +10,14 @@ Lossless with the modification; K = 1 is GBV-mod.
 
 from __future__ import annotations
 
-import math
 
+from verispec.core.probs import safe_log
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
 from verispec.verify.gbv_mod import greedy_block_verify_path
 from verispec.verify.gmpbv import SkewedPathLaw, select_greedy_path
 from verispec.verify.modification import ModificationWindow, SkewedDraftJoint
-
-
-def _log(value: float) -> float:
-    return math.log(value) if value > 0 else -math.inf
 
 
 class SpecTrGBVStar(Verifier):
@@ -44,9 +40,9 @@ class SpecTrGBVStar(Verifier):
         if remaining > 0:
             state = SkewedDraftJoint(float(law.below[tau]), float(law.mass[tau]), num_drafts)
             target, draft = tree.target_probs[rows[tau]], tree.draft_probs[rows[tau]]
-            log_p = sum(_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
+            log_p = sum(safe_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
             window = ModificationWindow(
-                log_p + _log(target[next_token]), state.advance(next_token, target, draft), remaining
+                log_p + safe_log(target[next_token]), state.advance(next_token, target, draft), remaining
             )
         return result_at(
             tree, rows[tau], next_token, tau == len(path), modification=window, diagnostics={"residual_guard_hits": guard}
