@@ -37,6 +37,11 @@ def model(request):
     return tiny_llama(request.param)
 
 
+@pytest.fixture(params=["native", "transformers"])
+def backend(request):
+    return request.param
+
+
 @torch.inference_mode()
 def full_logits(model, ids: list[int]) -> torch.Tensor:
     """Next-token logits after ids from a plain forward without cache, shape (V,)."""
@@ -72,15 +77,15 @@ class Round:
             path_tokens = [self.tokens[n] for n in root_path(self.parents, first + i)]
             expected = full_logits(self.adapter.model, self.context + path_tokens)
             torch.testing.assert_close(logits[i], expected, atol=ATOL, rtol=0)
-        assert self.adapter._cache.get_seq_length() == self.adapter.committed_len + self.adapter.num_nodes
+        assert self.adapter.runner.seq_length() == self.adapter.committed_len + self.adapter.num_nodes
 
     def commit(self, path: list[int], next_token: int) -> None:
         self.adapter.commit(path, next_token)
         assert self.adapter.tokens() == self.context + [self.tokens[n] for n in path] + [next_token]
 
 
-def test_root_logits_match_full_forward(model):
-    adapter = HFModelAdapter(model)
+def test_root_logits_match_full_forward(model, backend):
+    adapter = HFModelAdapter(model, backend=backend)
     prompt = [3, 14, 15, 9, 26, 5]
     adapter.reset(prompt)
     assert adapter.committed_len == len(prompt) - 1 and adapter.tokens() == prompt
@@ -90,8 +95,8 @@ def test_root_logits_match_full_forward(model):
     logits.div_(0.7)  # callers may process logits in place (not inference-mode tensors)
 
 
-def test_rounds_of_trees_commits_and_appends_match_recompute(model):
-    adapter = HFModelAdapter(model)
+def test_rounds_of_trees_commits_and_appends_match_recompute(model, backend):
+    adapter = HFModelAdapter(model, backend=backend)
     adapter.reset([1, 7, 2, 8, 1, 8, 2])
 
     # Round 1: siblings at two depths in one call, then nodes under both calls; commit a path that
@@ -144,9 +149,9 @@ def test_rounds_of_trees_commits_and_appends_match_recompute(model):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_random_rounds_match_recompute(model, seed):
+def test_random_rounds_match_recompute(model, backend, seed):
     rng = random.Random(seed)
-    adapter = HFModelAdapter(model)
+    adapter = HFModelAdapter(model, backend=backend)
     adapter.reset([rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))])
     for _ in range(6):
         r = Round(adapter)
@@ -165,8 +170,8 @@ def test_random_rounds_match_recompute(model, seed):
     assert adapter.committed_len < CONTEXT
 
 
-def test_single_token_prompt_and_decode_loop_match_recompute(model):
-    adapter = HFModelAdapter(model)
+def test_single_token_prompt_and_decode_loop_match_recompute(model, backend):
+    adapter = HFModelAdapter(model, backend=backend)
     adapter.reset([9])
     assert adapter.committed_len == 0
     assert adapter.extend([], []).shape == (0, VOCAB)
@@ -178,8 +183,7 @@ def test_single_token_prompt_and_decode_loop_match_recompute(model):
 
 def test_tree_attention_mask_layout():
     # 2 cached entries, a tail of 1 token, then root (0), node 1 under root, node 2 under root.
-    mask = tree_attention_mask(2, 1, [[0], [0, 1], [0, 2]], num_nodes=3, dtype=torch.float32)
-    allowed = (mask[0, 0] == 0).int().tolist()
+    allowed = tree_attention_mask(2, 1, [[0], [0, 1], [0, 2]], num_nodes=3).int().tolist()
     assert allowed == [
         [1, 1, 1, 0, 0, 0],
         [1, 1, 1, 1, 0, 0],
@@ -188,8 +192,8 @@ def test_tree_attention_mask_layout():
     ]
 
 
-def test_prompt_errors(model):
-    adapter = HFModelAdapter(model)
+def test_prompt_errors(model, backend):
+    adapter = HFModelAdapter(model, backend=backend)
     with pytest.raises(ConfigError, match="empty prompt"):
         adapter.reset([])
     with pytest.raises(ConfigError, match="context of 128"):
@@ -200,8 +204,8 @@ def test_prompt_errors(model):
         adapter.extend([3], [1])
 
 
-def test_tree_errors(model):
-    adapter = HFModelAdapter(model)
+def test_tree_errors(model, backend):
+    adapter = HFModelAdapter(model, backend=backend)
     adapter.reset([1, 2, 3])
     with pytest.raises(InvalidDraftError, match="must start with the root"):
         adapter.extend([5, 6], [0, 0])
@@ -224,12 +228,12 @@ def test_refuses_attention_that_ignores_custom_masks():
     model = tiny_llama("eager")
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ConfigError, match="attn_implementation"):
-        HFModelAdapter(model)
+        HFModelAdapter(model, backend="transformers")
 
 
-def test_bf16_tree_scoring_close_to_recompute():
+def test_bf16_tree_scoring_close_to_recompute(backend):
     model = tiny_llama("sdpa", dtype=torch.bfloat16)
-    adapter = HFModelAdapter(model)
+    adapter = HFModelAdapter(model, backend=backend)
     adapter.reset([1, 2, 3, 4])
     logits = adapter.extend([-1, 5, 6, 7], [-1, 0, 0, 2])
     assert logits.dtype == torch.float32

@@ -9,7 +9,7 @@ plus the plain-decoding baseline ``ar`` per dataset x temperature x seed. Keys (
     limit           prompts per dataset (per category for Spec-Bench files) (--limit)
     K, L            numbers of drafts and draft lengths               (-K, -L)
     temperatures    0 = greedy                                         (--temperatures)
-    max_new_tokens, seeds, out, target, draft, dtype, device, threads, top_k, top_p, chat,
+    max_new_tokens, seeds, out, target, draft, dtype, device, backend, threads, top_k, top_p, chat,
     record, record_limit, anchor, warmup, progress
 """
 
@@ -27,6 +27,7 @@ from verispec.verify.registry import get_method
 
 BASELINE = "ar"
 DTYPES = ("fp32", "bf16", "fp16")
+BACKENDS = ("auto", "native", "transformers")
 
 # Alternative spellings accepted in config files, mapped to the field name.
 ALIASES = {
@@ -60,6 +61,7 @@ class BenchConfig:
     draft: str | None = None
     dtype: str = "fp32"
     device: str = "cpu"
+    backend: str = "auto"  # model forward of the adapters: auto | native | transformers (models.hf)
     threads: int | None = None  # torch CPU threads (None: torch's default)
     top_k: int = 0
     top_p: float = 1.0
@@ -95,6 +97,8 @@ class BenchConfig:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.record_limit < 1:

@@ -199,7 +199,7 @@ def markdown_table(table: Table) -> str:
 
 
 def _meta_lines(meta: dict) -> list[str]:
-    keys = ["target", "draft", "dtype", "device", "torch_threads", "transformers", "torch", "machine", "started", "seconds"]
+    keys = ["target", "draft", "dtype", "device", "backend", "torch_threads", "transformers", "torch", "machine", "started", "seconds"]
     return [f"{key}: {meta[key]}" for key in keys if key in meta]
 
 

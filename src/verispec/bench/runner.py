@@ -64,10 +64,10 @@ def prompt_seed(seed: int, index: int) -> int:
     return int(seed) * 1_000_000 + int(index)
 
 
-def _adapter(model):
+def _adapter(model, backend: str):
     from verispec.models.hf import HFModelAdapter
 
-    return model if isinstance(model, HFModelAdapter) else HFModelAdapter(model)
+    return model if isinstance(model, HFModelAdapter) else HFModelAdapter(model, backend=backend)
 
 
 def _is_neural(draft) -> bool:
@@ -80,9 +80,9 @@ class Sweep:
 
     def __init__(self, config: BenchConfig, target, tokenizer, draft="ngram", datasets: Sequence[Dataset] | None = None):
         self.config = config
-        self.target = _adapter(target)
+        self.target = _adapter(target, config.backend)
         self.tokenizer = tokenizer
-        self.draft = _adapter(draft) if _is_neural(draft) else draft
+        self.draft = _adapter(draft, config.backend) if _is_neural(draft) else draft
         if config.anchor and not _is_neural(draft):
             raise ConfigError(
                 "--anchor compares with transformers' assisted generation, which needs a neural draft: "
@@ -226,6 +226,8 @@ class Sweep:
             "draft": self.config.draft or (self.draft if isinstance(self.draft, str) else _describe(getattr(self.draft, "model", self.draft))),
             "dtype": self.config.dtype,
             "device": self.config.device,
+            "backend": {"target": self.target.backend,
+                        "draft": getattr(self.draft, "backend", "ngram" if isinstance(self.draft, str) else "n/a")},
             "torch_threads": torch.get_num_threads(),
             "transformers": transformers.__version__,
             "torch": torch.__version__,

@@ -11,7 +11,7 @@ from verispec.errors import ConfigError
 # Flags that map onto BenchConfig keys (argparse dest -> config key); None = not given.
 CONFIG_FLAGS = (
     "methods", "dataset", "limit", "K", "L", "temperatures", "max_new_tokens", "seeds", "out", "target",
-    "draft", "dtype", "device", "threads", "top_k", "top_p", "chat", "record", "record_limit", "anchor", "warmup", "progress",
+    "draft", "dtype", "device", "backend", "threads", "top_k", "top_p", "chat", "record", "record_limit", "anchor", "warmup", "progress",
 )
 
 
@@ -32,6 +32,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory, or 'ngram' (default)")
     parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default=None)
+    parser.add_argument("--backend", default=None, choices=["auto", "native", "transformers"],
+                        help="model forward: native Llama forward when possible (auto, default) or transformers'")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)

@@ -49,6 +49,7 @@ def _decoder(args, target_model, tokenizer, draft_model, method=None) -> Specula
         stop=getattr(args, "stop", ()),
         seed=args.seed,
         device=args.device,
+        backend=getattr(args, "backend", "auto"),
     )
 
 

@@ -421,7 +421,7 @@ def run_generate_sprinter(args) -> int:
         target, draft, verifier, tokenizer=tokenizer, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         draft_temperature=getattr(args, "draft_temperature", None), max_new_tokens=args.max_new_tokens,
         stop=getattr(args, "stop", ()), seed=args.seed, extractor=extractor,
-        max_run=getattr(args, "max_run", None) or 32,
+        max_run=getattr(args, "max_run", None) or 32, backend=getattr(args, "backend", "auto"),
     )
     trained_at = (getattr(getattr(decoder.verifier, "trained", None), "meta", {}) or {}).get("sampling") or {}
     if "temperature" in trained_at and abs(float(trained_at["temperature"]) - args.temperature) > 1e-9:

@@ -132,10 +132,10 @@ class GenerationOutput:
         }
 
 
-def _as_adapter(model, device=None):
+def _as_adapter(model, device=None, backend: str = "auto"):
     from verispec.models.hf import HFModelAdapter
 
-    return model if isinstance(model, HFModelAdapter) else HFModelAdapter(model, device=device)
+    return model if isinstance(model, HFModelAdapter) else HFModelAdapter(model, device=device, backend=backend)
 
 
 class TextDecoding:
@@ -205,6 +205,8 @@ class SpeculativeDecoder(TextDecoding):
     tree:   children per depth for token-tree methods (e.g. [2, 2, 1]); overrides L.
     temperature / top_k / top_p: applied to target and draft logits alike (0 = greedy);
     draft_temperature overrides the draft's temperature only.
+    backend: how the adapters run a model forward (``models.hf``): "auto" (default: the native
+    Llama forward when the model qualifies), "native" or "transformers" (the model's own forward).
     step_callback(tree, result, step): called after every speculative round with the verified
     ``DraftTree`` (target vectors as verified, modifications applied), the ``VerifyResult`` and
     the round's ``StepStats`` — e.g. to record draft trees for replay.
@@ -229,8 +231,10 @@ class SpeculativeDecoder(TextDecoding):
         seed: int = 0,
         device=None,
         step_callback=None,
+        backend: str = "auto",
     ):
-        self.target = _as_adapter(target, device)
+        self.backend = backend
+        self.target = _as_adapter(target, device, backend)
         self.tokenizer = tokenizer
         self.method = method
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
@@ -301,7 +305,7 @@ class SpeculativeDecoder(TextDecoding):
             return NGramDrafter(self.target.vocab_size, self.draft_params)
         if hasattr(draft, "begin_round"):
             return draft
-        return ModelDrafter(_as_adapter(draft, device), self.draft_params)
+        return ModelDrafter(_as_adapter(draft, device, self.backend), self.draft_params)
 
     # ----- one round ----------------------------------------------------------------------
     def _draft(self, rng, draft_fn) -> DraftSkeleton:

@@ -14,9 +14,17 @@ The adapter keeps three regions of one transformers ``DynamicCache`` (batch size
 
 Tree attention: every node attends to all committed tokens, to its ancestors and to itself, at
 position ``committed_len + depth``. So the logits of a node equal those of a plain forward over
-``committed tokens + root-to-node path``. The mask is passed to the model as a 4D additive mask,
-which transformers uses as is for ``attn_implementation`` "eager" and "sdpa"; flash-attention
-implementations would silently ignore it, so the adapter refuses them.
+``committed tokens + root-to-node path``.
+
+The model forward itself is delegated to a *runner* (``backend``):
+
+* ``"native"`` (``models.native_llama.NativeLlamaRunner``): a direct forward of Llama-architecture
+  models over a preallocated cache; same weights and function, less per-call overhead.
+* ``"transformers"`` (``TransformersRunner``): the model's own ``forward`` with a
+  ``DynamicCache``; the tree mask goes in as a 4D additive mask, which transformers uses as is for
+  ``attn_implementation`` "eager" and "sdpa"; flash-attention implementations would silently
+  ignore it, so this runner refuses them.
+* ``"auto"`` (default): native when the model qualifies, else transformers.
 """
 
 from __future__ import annotations
@@ -33,21 +41,22 @@ ROOT = 0
 TREE_MASK_ATTENTION = ("eager", "sdpa")
 
 
+BACKENDS = ("auto", "native", "transformers")
+
+
 def tree_attention_mask(
     cached_len: int,
     tail_len: int,
     ancestors: Sequence[Sequence[int]],
     num_nodes: int,
-    dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Additive attention mask of one forward over [pending tail (minus root), new tree nodes].
+    """Which entries each input of one forward over [pending tail (minus root), new tree nodes] sees.
 
     cached_len: entries already in the cache; tail_len: tail tokens fed before the nodes (causal);
     ancestors[i]: node numbers on the root path of the i-th new node, itself included;
     num_nodes: tree nodes in the cache after this forward (node n is column base + n, where
     base = cached_len + tail_len).
-    Returns (1, 1, tail_len + len(ancestors), base + num_nodes), 0 where attention is allowed and
-    the dtype's minimum elsewhere (not -inf: fused fp16 kernels can turn -inf into NaN).
+    Returns bool (tail_len + len(ancestors), base + num_nodes), True where attention is allowed.
     """
     base = cached_len + tail_len
     allowed = torch.zeros(tail_len + len(ancestors), base + num_nodes, dtype=torch.bool)
@@ -57,8 +66,93 @@ def tree_attention_mask(
     rows = [tail_len + i for i, path in enumerate(ancestors) for _ in path]
     cols = [base + node for path in ancestors for node in path]
     allowed[rows, cols] = True
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return allowed
+
+
+class TransformersRunner:
+    """The model's own ``forward`` over a transformers ``DynamicCache`` (batch size 1)."""
+
+    def __init__(self, model):
+        attn = getattr(model.config, "_attn_implementation", None)
+        if attn not in TREE_MASK_ATTENTION:
+            raise ConfigError(
+                f"attn_implementation={attn!r} ignores custom tree attention masks; load the model "
+                f"with attn_implementation='sdpa' (or 'eager')"
+            )
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache = self._new_cache()
+
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        # Rollback selects entries by index on the sequence axis: only plain full-attention layers allow it.
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            raise ConfigError(
+                f"{type(self.model).__name__} needs a cache with sliding-window or non-attention layers, "
+                "which tree rollback does not support; use a model with full attention in every layer"
+            )
+        return cache
+
+    def reset(self) -> None:
+        self.cache = self._new_cache()
+
+    def seq_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.no_grad()
+    def forward(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
+        """Append len(input_ids) cache entries; float32 CPU logits of the last ``keep`` inputs, (keep, V).
+
+        allowed: bool (n, cache length + n) attention pattern, or None for plain causal attention.
+        """
+        mask = None
+        if allowed is not None:
+            # The dtype's minimum, not -inf: fused fp16 kernels can turn -inf into NaN.
+            additive = torch.zeros(allowed.shape, dtype=self.dtype)
+            mask = additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None].to(self.device)
+        out = self.model(
+            input_ids=torch.tensor([input_ids], device=self.device),
+            position_ids=torch.tensor([positions], device=self.device),
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out.logits[0, -keep:].float().cpu()
+
+    @torch.no_grad()
+    def keep_entries(self, length: int, moved: Sequence[int] = ()) -> None:
+        """Keep cache entries [0, length) followed by the entries at indices ``moved``.
+
+        The moved entries are copied down in place, so a commit costs O(path), not O(context).
+        """
+        index = torch.tensor(moved, dtype=torch.long, device=self.device)
+        end = length + len(moved)
+        for layer in self.cache.layers:
+            if not layer.is_initialized:
+                continue
+            if len(moved):
+                # index_select copies first, so overlapping source and destination are safe.
+                layer.keys[..., length:end, :] = layer.keys.index_select(-2, index)
+                layer.values[..., length:end, :] = layer.values.index_select(-2, index)
+            layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
+
+
+def make_runner(model, backend: str = "auto"):
+    """The runner for ``backend`` ("auto", "native" or "transformers"; see the module docstring)."""
+    from verispec.models.native_llama import NativeLlamaRunner, supports
+
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "transformers":
+        return TransformersRunner(model)
+    reason = supports(model)
+    if reason is None:
+        return NativeLlamaRunner(model)
+    if backend == "native":
+        raise ConfigError(f"backend='native' cannot run this model: {reason}; use backend='transformers' or 'auto'")
+    return TransformersRunner(model)
 
 
 class HFModelAdapter:
@@ -69,23 +163,18 @@ class HFModelAdapter:
     ``extend`` of a round must start with the root (token = pending root or -1, parent = -1).
     """
 
-    def __init__(self, model, device: str | torch.device | None = None):
+    def __init__(self, model, device: str | torch.device | None = None, backend: str = "auto"):
         if device is not None:
             model = model.to(device)
         model.eval()
-        attn = getattr(model.config, "_attn_implementation", None)
-        if attn not in TREE_MASK_ATTENTION:
-            raise ConfigError(
-                f"attn_implementation={attn!r} ignores custom tree attention masks; load the model "
-                f"with attn_implementation='sdpa' (or 'eager')"
-            )
         self.model = model
+        self.runner = make_runner(model, backend)
+        self.backend = "native" if not isinstance(self.runner, TransformersRunner) else "transformers"
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         out = model.get_output_embeddings()
         self.vocab_size: int = int(out.weight.shape[0]) if out is not None else int(model.config.vocab_size)
         self.max_context: int = int(model.config.max_position_embeddings)
-        self._cache = self._new_cache()
         self._cached_len = 0  # entries of the committed cache actually holding keys/values
         self._tokens: list[int] = []  # committed tokens, pending root last
         self._node_tokens: list[int] = []  # speculative tree, node 0 = root once extended
@@ -109,51 +198,6 @@ class HFModelAdapter:
         """All committed tokens, pending root included."""
         return list(self._tokens)
 
-    def _new_cache(self) -> DynamicCache:
-        cache = DynamicCache(config=self.model.config)
-        # Rollback selects entries by index on the sequence axis: only plain full-attention layers allow it.
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):
-            raise ConfigError(
-                f"{type(self.model).__name__} needs a cache with sliding-window or non-attention layers, "
-                "which tree rollback does not support; use a model with full attention in every layer"
-            )
-        return cache
-
-    # --------------------------------------------------------------- forward
-
-    @torch.no_grad()
-    def _forward(self, input_ids: list[int], positions: list[int], mask: torch.Tensor | None, keep: int):
-        """One model forward appending len(input_ids) entries to the cache.
-
-        Returns the float32 CPU logits of the last ``keep`` inputs, shape (keep, V).
-        """
-        out = self.model(
-            input_ids=torch.tensor([input_ids], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
-            attention_mask=None if mask is None else mask.to(self.device),
-            past_key_values=self._cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        return out.logits[0, -keep:].float().cpu()
-
-    @torch.no_grad()
-    def _keep_entries(self, length: int, moved: Sequence[int] = ()) -> None:
-        """Keep cache entries [0, length) followed by the entries at indices ``moved``.
-
-        The moved entries are copied down in place, so a commit costs O(path), not O(context).
-        """
-        index = torch.tensor(moved, dtype=torch.long, device=self.device)
-        end = length + len(moved)
-        for layer in self._cache.layers:
-            if not layer.is_initialized:
-                continue
-            if len(moved):
-                # index_select copies first, so overlapping source and destination are safe.
-                layer.keys[..., length:end, :] = layer.keys.index_select(-2, index)
-                layer.values[..., length:end, :] = layer.values.index_select(-2, index)
-            layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
-
     def _check_position(self, position: int) -> None:
         if position >= self.max_context:
             raise ConfigError(
@@ -173,13 +217,13 @@ class HFModelAdapter:
                 f"prompt of {len(prompt)} tokens does not fit the model's context of {self.max_context} "
                 "tokens (it must leave room for one generated token); truncate the prompt"
             )
-        self._cache = self._new_cache()
+        self.runner.reset()
         self._cached_len = 0
         self._tokens = prompt
         self._clear_tree()
         if len(prompt) > 1:
             # Pure causal prefill: transformers builds the mask (sdpa can then use its causal kernels).
-            self._forward(prompt[:-1], list(range(len(prompt) - 1)), None, keep=1)
+            self.runner.forward(prompt[:-1], list(range(len(prompt) - 1)), None, keep=1)
             self._cached_len = len(prompt) - 1
 
     def extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -226,8 +270,10 @@ class HFModelAdapter:
         tail = self._tokens[self._cached_len : -1] if first == ROOT else []
         positions = list(range(self._cached_len, self.committed_len))
         positions += [self.committed_len + depth for depth in depths]
-        mask = tree_attention_mask(self._cached_len, len(tail), ancestors, first + len(tokens), self.dtype)
-        logits = self._forward(tail + tokens, positions, mask, keep=len(tokens))
+        allowed = tree_attention_mask(self._cached_len, len(tail), ancestors, first + len(tokens))
+        if allowed.all():  # one input that sees the whole cache (a chain step): no mask needed
+            allowed = None
+        logits = self.runner.forward(tail + tokens, positions, allowed, keep=len(tokens))
 
         self._cached_len += len(tail)
         self._node_tokens += tokens
@@ -254,7 +300,7 @@ class HFModelAdapter:
     def rollback(self) -> None:
         """Drop this round's speculative tree (root included); the committed state is unchanged."""
         if self.num_nodes:
-            self._keep_entries(self._cached_len)
+            self.runner.keep_entries(self._cached_len)
             self._clear_tree()
 
     def _clear_tree(self) -> None:
@@ -286,7 +332,7 @@ class HFModelAdapter:
                 )
             parent = node
         root_index = self.committed_len
-        self._keep_entries(root_index + 1, [root_index + n for n in path])
+        self.runner.keep_entries(root_index + 1, [root_index + n for n in path])
         self._tokens += [self._node_tokens[n] for n in path] + [int(next_token)]
         self._cached_len = self.committed_len
         self._clear_tree()
@@ -299,7 +345,7 @@ class HFModelAdapter:
         """
         tokens = [int(t) for t in tokens]
         if self.num_nodes:
-            self._keep_entries(self.committed_len + 1)
+            self.runner.keep_entries(self.committed_len + 1)
             self._cached_len = self.committed_len + 1
             self._clear_tree()
         self._tokens += tokens + [int(next_token)]

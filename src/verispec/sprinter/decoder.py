@@ -196,8 +196,10 @@ class SprinterDecoder(TextDecoding):
         seed: int = 0,
         device=None,
         extractor: FeatureExtractor | None = None,
+        backend: str = "auto",
     ):
-        self.target = _as_adapter(target, device)
+        self.backend = backend
+        self.target = _as_adapter(target, device, backend)
         self.tokenizer = tokenizer
         self.params = SamplingParams(temperature, top_k, top_p)
         self.draft_params = SamplingParams(temperature if draft_temperature is None else draft_temperature, top_k, top_p)
@@ -232,7 +234,7 @@ class SprinterDecoder(TextDecoding):
             raise ConfigError(f"unknown draft {draft!r}: give 'ngram' or a draft model")
         if isinstance(draft, (NGramDrafter, ModelDrafter)):
             return draft
-        return HiddenStateModelDrafter(_as_adapter(draft, device), self.draft_params)
+        return HiddenStateModelDrafter(_as_adapter(draft, device, self.backend), self.draft_params)
 
     def _make_verifier(self, verifier, eta, extractor):
         if eta is not None:

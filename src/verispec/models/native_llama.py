@@ -1,0 +1,228 @@
+"""A direct forward of Llama-architecture models with a preallocated KV cache (DESIGN.md §4).
+
+``HFModelAdapter`` calls a *runner* for its one operation on the model: "append these tokens at
+these positions under this attention mask, return the logits of the last few". Going through
+``LlamaForCausalLM.forward`` costs, per call, a mask-building pass, a ``DynamicCache`` that grows
+by ``torch.cat`` (a copy of every layer's keys and values per forward), ``repeat_kv`` copies for
+grouped-query attention and a few hundred module dispatches. At batch size 1 on a CPU, with a
+draft that is called once per drafted token, that overhead is a sizeable share of the time.
+
+``NativeLlamaRunner`` computes the same function (same weights, read in place from the
+transformers modules, no copy) in the style of gpt-fast: a short loop over layers with
+``F.linear``, one preallocated key/value buffer per layer written in place, and
+``scaled_dot_product_attention`` with ``enable_gqa``. Rotary embeddings come from the model's own
+``rotary_emb`` module, so every RoPE variant transformers supports (default, llama3, linear,
+dynamic, yarn, ...) is used exactly as transformers defines it; the output layer is called as a
+module when it is not a plain ``nn.Linear`` or has hooks, so forward hooks on ``lm_head``
+(SPRINTER's feature extractor) still fire.
+
+bf16 on CPU: ``F.linear`` hands the weight to oneDNN, which reorders it into its blocked layout
+on *every* call; at batch size 1 that reorder costs as much as the product. The runner reorders
+each weight once at construction (``torch.ops.mkldnn._reorder_linear_weight``, the call
+torch.compile's CPU backend uses for frozen weights) and multiplies with the packed copy. The
+products are the same (bit-identical in our checks), 10-20 % faster per target forward; the
+price is one extra copy of the linear weights in memory, and the packed copies are a snapshot:
+build a new runner (a new adapter) after changing the model's weights. Other dtypes and devices
+use ``F.linear`` on the module weights directly (no copy).
+
+It supports the classes whose decoder layers are transformers' ``LlamaDecoderLayer`` (Llama 1-3,
+SmolLM, TinyLlama, the sub-vocabulary drafts of ``models.default_draft``) with SiLU MLPs and
+``pretraining_tp`` 1; ``supports(model)`` says whether a model qualifies and why not, and the
+adapter falls back to the transformers forward otherwise. Logits agree with transformers' forward
+to float rounding (tests/models/test_native_llama.py: 1e-5 in fp32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from verispec.errors import ConfigError
+
+MIN_CAPACITY = 256  # cache slots allocated at first; doubled when a forward needs more
+
+
+def supports(model) -> str | None:
+    """None if ``model`` can run natively, else the reason it cannot (shown to the user)."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaModel, LlamaRMSNorm
+
+    body = getattr(model, "model", None)
+    if not isinstance(body, LlamaModel):
+        return f"{type(model).__name__} is not a Llama-architecture model (its body is {type(body).__name__})"
+    config = model.config
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return f"pretraining_tp={config.pretraining_tp} (tensor-parallel emulation) is not implemented"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act={config.hidden_act!r}; only 'silu' is implemented"
+    for layer in body.layers:
+        if type(layer) is not LlamaDecoderLayer or type(layer.input_layernorm) is not LlamaRMSNorm:
+            return f"layer type {type(layer).__name__} differs from LlamaDecoderLayer"
+    if type(body.norm) is not LlamaRMSNorm:
+        return f"final norm {type(body.norm).__name__} differs from LlamaRMSNorm"
+    return None
+
+
+def _can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN weight prepacking applies and works here (bf16 on a CPU with oneDNN)."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        # deterministic probe values: drawing them would advance torch's global random state
+        weight = torch.linspace(-1, 1, 8 * 16).reshape(8, 16).to(dtype)
+        x = torch.linspace(-2, 2, 3 * 16).reshape(1, 3, 16).to(dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError):  # a torch build without these oneDNN ops
+        return False
+    return torch.allclose(out.float(), F.linear(x, weight).float(), atol=1e-2)
+
+
+class _Linear:
+    """y = x W^T + b of an ``nn.Linear``: on the module's own weight, or on a oneDNN-packed copy."""
+
+    def __init__(self, linear, prepack: bool):
+        self.bias = linear.bias
+        self.packed = prepack
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None) if prepack else linear.weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, step for step (normalise in float32, scale in the input dtype)."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * x.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on x (1, heads, n, head_dim) with cos/sin (1, 1, n, head_dim), as transformers' rotate_half."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class NativeLlamaRunner:
+    """Forward of a Llama-architecture ``model`` (batch size 1) over a preallocated KV cache.
+
+    The cache holds ``length`` entries; ``forward`` appends, ``keep_entries`` truncates and
+    compacts (the adapter's rollback and commit).
+    """
+
+    def __init__(self, model, initial_capacity: int = MIN_CAPACITY, prepack: bool | None = None):
+        reason = supports(model)
+        if reason is not None:
+            raise ConfigError(f"cannot run this model natively: {reason}; use the transformers runner")
+        self.model = model
+        body = model.model
+        config = model.config
+        self.layers = list(body.layers)
+        attention = self.layers[0].self_attn
+        self.head_dim = int(attention.head_dim)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.scaling = float(attention.scaling)
+        self.param = next(model.parameters())
+        if prepack is None:
+            prepack = _can_prepack(self.param.dtype, self.param.device)
+        self.prepacked = bool(prepack)
+        with torch.no_grad():
+            self.linears = [
+                [_Linear(module, self.prepacked) for module in (
+                    layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                    layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+                for layer in self.layers
+            ]
+            head = model.lm_head
+            self.head = _Linear(head, self.prepacked) if type(head) is torch.nn.Linear else None
+        self.initial_capacity = int(initial_capacity)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.length = 0
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def seq_length(self) -> int:
+        return self.length
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self.keys[0].shape[2] if self.keys else 0
+        if needed <= capacity:
+            return
+        capacity = max(self.initial_capacity, capacity)
+        while capacity < needed:
+            capacity *= 2
+        shape = (1, self.num_kv_heads, capacity, self.head_dim)
+        new_keys = [self.param.new_zeros(shape) for _ in self.layers]
+        new_values = [self.param.new_zeros(shape) for _ in self.layers]
+        for old, new in zip(self.keys + self.values, new_keys + new_values):
+            new[:, :, : self.length] = old[:, :, : self.length]
+        self.keys, self.values = new_keys, new_values
+
+    @torch.no_grad()
+    def forward(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
+        """Append len(input_ids) cache entries and return the float32 CPU logits of the last ``keep``.
+
+        allowed: bool (n, length + n), True where input i may attend to cache entry j; None means
+        plain causal attention over the whole cache (a prefill, or a single query token).
+        Returns (keep, V).
+        """
+        n = len(input_ids)
+        start, end = self.length, self.length + n
+        self._reserve(end)
+        device = self.param.device
+        body = self.model.model
+        hidden = body.embed_tokens(torch.tensor([input_ids], device=device))
+        cos, sin = body.rotary_emb(hidden, torch.tensor([positions], device=device))
+        cos, sin = cos[:, None], sin[:, None]  # (1, 1, n, head_dim)
+        if allowed is not None:
+            mask = allowed.to(device)[None, None]
+            causal = False
+        else:
+            mask = None
+            causal = n > 1 and start == 0  # with earlier entries a causal mask would be misaligned
+            if n > 1 and start > 0:
+                mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)[None, None]
+        for layer, linears, key_cache, value_cache in zip(self.layers, self.linears, self.keys, self.values):
+            q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj = linears
+            x = _rms_norm(hidden, layer.input_layernorm)
+            q = q_proj(x).view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
+            k = k_proj(x).view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = v_proj(x).view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            key_cache[:, :, start:end] = _rotate(k, cos, sin)
+            value_cache[:, :, start:end] = v
+            out = F.scaled_dot_product_attention(
+                _rotate(q, cos, sin), key_cache[:, :, :end], value_cache[:, :, :end],
+                attn_mask=mask, is_causal=causal, scale=self.scaling,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )
+            hidden = hidden + o_proj(out.transpose(1, 2).reshape(1, n, self.num_heads * self.head_dim))
+            x = _rms_norm(hidden, layer.post_attention_layernorm)
+            hidden = hidden + down_proj(F.silu(gate_proj(x)) * up_proj(x))
+        self.length = end
+        hidden = _rms_norm(hidden[:, -keep:], body.norm)
+        head = self.model.lm_head
+        if self.head is None or head._forward_hooks or head._forward_pre_hooks:
+            logits = head(hidden)  # a module call: its hooks fire (and a non-Linear head works)
+        else:
+            logits = self.head(hidden)
+        return logits[0].float().cpu()
+
+    @torch.no_grad()
+    def keep_entries(self, length: int, moved: Sequence[int] = ()) -> None:
+        """Keep cache entries [0, length) followed by the entries at indices ``moved`` (copied down)."""
+        if len(moved):
+            index = torch.tensor(moved, dtype=torch.long, device=self.param.device)
+            end = length + len(moved)
+            for cache in self.keys + self.values:
+                # index_select copies first, so overlapping source and destination are safe.
+                cache[:, :, length:end] = cache.index_select(2, index)
+            length = end
+        self.length = length
