@@ -19,6 +19,7 @@ from verispec.cli.generate import DTYPES
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 from verispec.models.default import encode_prompt, load_default_target
+from verispec.models.hf import HFModelAdapter
 
 
 def run_config(model, tokenizer, draft, prompts, method, num_drafts, draft_len, temperature, max_new_tokens, seed):
@@ -47,16 +48,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "native", "transformers"],
+                        help="adapter runner (models.hf): native Llama forward (auto) or transformers' forward")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     model, tokenizer = load_default_target(DTYPES[args.dtype])
+    model = HFModelAdapter(model, backend=args.backend)  # one adapter (and cache) for every configuration
     draft = args.draft
     if draft != "ngram":
         from verispec.models.default import load_model
 
-        draft, _ = load_model(draft, DTYPES[args.dtype])
+        draft = HFModelAdapter(load_model(draft, DTYPES[args.dtype])[0], backend=args.backend)
     prompts = [encode_prompt(tokenizer, p.text) for p in humaneval_prompts(args.prompts)]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     configs = []
@@ -86,7 +90,8 @@ def main() -> None:
             flush=True,
         )
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    print(f"\n| method | K | L | T | block efficiency | tokens/s | speedup vs plain |\n|---|---|---|---|---|---|---|")
+    print(f"\nrunner: {model.backend}")
+    print("\n| method | K | L | T | block efficiency | tokens/s | speedup vs plain |\n|---|---|---|---|---|---|---|")
     for temperature in temperatures:
         subset = [r for r in rows if r["temperature"] == temperature]
         best = max((r for r in subset if r["method"] != "ar"), key=lambda r: r["speedup"], default=None)

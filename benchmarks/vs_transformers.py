@@ -13,6 +13,9 @@ For every dataset x temperature x L x seed, on the same prompts and in the same 
                    below 0.4 confidence). Sampling verifies with token-wise speculative sampling.
     verispec ar    plain autoregressive sampling through verispec's KV-cached adapter
     verispec sd    SpeculativeDecoder(method="sd", K=1, L) with the same draft model
+    sd [BACKEND]   verispec sd again with its adapters on another runner (--backends; default: also
+                   ``transformers``, the models' own forward, to show how much of the ratio comes
+                   from verispec's native Llama forward and how much from the rest of the engine)
 It prints tokens/s of each, the block efficiency (tokens per target forward call; transformers'
 calls counted with a forward hook) of the two speculative ones, and the ratio verispec sd
 tokens/s / hf assisted tokens/s. The same rows appear in ``verispec bench --anchor --draft DIR``.
@@ -34,6 +37,7 @@ import torch
 
 from verispec.bench.anchor import ANCHOR_COLUMNS, anchor_table
 from verispec.bench.config import make_config
+from verispec.bench.report import write_reports
 from verispec.bench.runner import run_sweep
 
 TINY_PROMPTS = [
@@ -88,6 +92,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--backends", default="auto,transformers",
+                        help="verispec runners to measure, the first one beside transformers' runs "
+                             "(auto = native Llama forward when possible; transformers = the model's own forward)")
     parser.add_argument("--json", default=None, help="also write the table rows to this file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -109,28 +116,47 @@ def main(argv=None) -> int:
         target, tokenizer = load_model(args.target, DTYPES[args.dtype])
         draft, _ = load_model(args.draft, DTYPES[args.dtype])
         dataset = args.dataset
-    config = make_config(None, dict(
-        methods="sd", dataset=[dataset], limit=args.limit, L=args.draft_len, temperatures=args.temperatures,
-        max_new_tokens=args.max_new_tokens, seeds=args.seeds, out=str(work), anchor=True, dtype=args.dtype,
-        target=args.target, draft=args.draft,
-    ))
-    result = run_sweep(config, target, tokenizer, draft)
-    table = anchor_table(result.rows)
-    widths = [max(len(label), 10) for _, label in ANCHOR_COLUMNS]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    results = []
+    for index, backend in enumerate(backends):  # transformers' runs once, with the first backend
+        config = make_config(None, dict(
+            methods="sd", dataset=[dataset], limit=args.limit, L=args.draft_len, temperatures=args.temperatures,
+            max_new_tokens=args.max_new_tokens, seeds=args.seeds, out=str(work / backend), anchor=index == 0,
+            dtype=args.dtype, target=args.target, draft=args.draft, backend=backend,
+        ))
+        results.append(run_sweep(config, target, tokenizer, draft))
+        write_reports(config.out, results[-1].records, results[-1].rows, results[-1].skipped, results[-1].meta)
+    result = results[0]
+    table = anchor_table(result.rows, result.records)
+    columns = list(ANCHOR_COLUMNS)
+    for backend, extra in zip(backends[1:], results[1:]):
+        # verispec's sd again, its adapters running the model through the other backend
+        index = {(r.dataset, r.method, r.L, r.temperature): r for r in extra.rows if r.category == "all"}
+        for entry in table:
+            row = index.get((entry["dataset"], "sd", entry["L"], entry["temperature"]))
+            entry[f"sd_{backend}_tps"] = row.tokens_per_second if row else float("nan")
+            entry[f"sd_{backend}_over_hf_assisted"] = (row.tokens_per_second / entry["hf_assisted_tps"]) if row else float("nan")
+        columns += [(f"sd_{backend}_tps", f"sd [{backend}] tok/s"), (f"sd_{backend}_over_hf_assisted", f"sd [{backend}] / hf assisted")]
+    widths = [max(len(label), 12) for _, label in columns]
+    backend_used = result.meta["backend"]
     print(f"target {result.meta['target']}, draft {result.meta['draft']}, {args.dtype}, "
           f"{result.meta['torch_threads']} threads, transformers {result.meta['transformers']}, "
-          f"{args.max_new_tokens} new tokens, prompts per dataset: {len(result.datasets[0].prompts)}")
-    print("  ".join(label.rjust(width) for (_, label), width in zip(ANCHOR_COLUMNS, widths)))
+          f"{args.max_new_tokens} new tokens, prompts per dataset: {len(result.datasets[0].prompts)}, "
+          f"verispec runner: target {backend_used['target']}, draft {backend_used['draft']}")
+    print("  ".join(label.rjust(width) for (_, label), width in zip(columns, widths)))
     for entry in table:
         cells = []
-        for (key, _), width in zip(ANCHOR_COLUMNS, widths):
+        for (key, _), width in zip(columns, widths):
             value = entry[key]
             text = value if isinstance(value, str) else (f"{value:g}" if key in ("temperature", "L") else f"{value:.2f}")
+            if key.endswith("_be") and f"{key}_ci" in entry:
+                text += f" ± {entry[key + '_ci']:.2f}"
             cells.append(text.rjust(width))
         print("  ".join(cells))
     print("tok/s pooled over prompts (new tokens / walltime of generate, prefill included); "
-          "BE = new tokens / target forward calls; last column = verispec sd tok/s / hf assisted tok/s.")
-    print(f"full bench report (summary.md, report.html): {work}")
+          "BE = new tokens / target forward calls, ± the 95 % interval half-width over prompts x seeds; "
+          "ratio columns = verispec sd tok/s / hf assisted tok/s.")
+    print(f"full bench reports (records.jsonl, summary.md, report.html), one folder per runner: {work}")
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1))
     return 0

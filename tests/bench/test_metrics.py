@@ -112,3 +112,17 @@ def test_records_round_trip_through_json():
     assert data["block_efficiency"] == pytest.approx(3.0)
     assert data["choices"][0]["accept_lengths"] == [5, 1, 3]
     assert PromptRecord.from_json(data) == rec
+
+
+def test_block_efficiency_interval_by_hand():
+    from verispec.bench.anchor import block_efficiency_interval
+
+    # two records: 10 tokens / 5 calls and 6 tokens / 5 calls -> pooled R = 16 / 10 = 1.6;
+    # residuals n - R c = 2 and -2; se = sqrt((4 + 4) / (2 * 1)) / 5 = 0.4; 95 % half-width 1.96 * 0.4
+    records = [record("sd", [1] * 5, 1.0), record("sd", [1] * 5, 1.0)]
+    records[0].new_tokens, records[0].target_calls = 10, 5
+    records[1].new_tokens, records[1].target_calls = 6, 5
+    ratio, half_width = block_efficiency_interval(records)
+    assert ratio == pytest.approx(1.6) and half_width == pytest.approx(1.96 * 0.4)
+    assert block_efficiency_interval(records[:1]) == (2.0, pytest.approx(math.nan, nan_ok=True))
+    assert math.isnan(block_efficiency_interval([])[0])

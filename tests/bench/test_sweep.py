@@ -66,8 +66,9 @@ def test_anchor_rows_beside_verispec(tiny_pair, two_prompt_jsonl, tmp_path):
     hf_assisted = [r for r in result.records if r.method == HF_ASSISTED]
     assert all(1 <= r.block_efficiency <= 3 for r in hf_assisted)
     assert all(r.new_tokens == r.target_calls for r in result.records if r.method == HF_PLAIN)
-    table = anchor_table(result.rows)
+    table = anchor_table(result.rows, result.records)
     assert [(entry["temperature"], entry["L"]) for entry in table] == [(0.0, 2), (1.0, 2)]
+    assert all(entry["hf_assisted_be_ci"] >= 0 and entry["verispec_sd_be_ci"] >= 0 for entry in table)
     for entry in table:
         assert entry["sd_over_hf_assisted"] > 0 and entry["hf_generate_tps"] > 0
         assert entry["sd_over_hf_assisted"] == pytest.approx(entry["verispec_sd_tps"] / entry["hf_assisted_tps"])

@@ -141,10 +141,28 @@ def anchor_record(
     )
 
 
-def anchor_table(rows: Sequence[SummaryRow]) -> list[dict]:
+def block_efficiency_interval(records: Sequence[PromptRecord], z: float = 1.96) -> tuple[float, float]:
+    """Pooled block efficiency sum(new tokens) / sum(target calls) of ``records`` and the half-width
+    of its normal-approximation confidence interval (z = 1.96: 95 %), by the delta method for a
+    ratio of sums over independent records: se = sqrt(sum (n_i - R c_i)^2 / (m (m - 1))) / mean(c).
+    Half-width NaN with fewer than two records."""
+    tokens = sum(r.new_tokens for r in records)
+    calls = sum(r.target_calls for r in records)
+    if not calls:
+        return math.nan, math.nan
+    ratio = tokens / calls
+    count = len(records)
+    if count < 2:
+        return ratio, math.nan
+    squares = sum((r.new_tokens - ratio * r.target_calls) ** 2 for r in records)
+    return ratio, z * math.sqrt(squares / (count * (count - 1))) / (calls / count)
+
+
+def anchor_table(rows: Sequence[SummaryRow], records: Sequence[PromptRecord] = ()) -> list[dict]:
     """Side by side per dataset x temperature x L (category 'all'): transformers plain and
     assisted generation, verispec 'ar' and 'sd' (K = 1, same L); ratio = verispec sd tokens/s /
-    transformers assisted tokens/s, measured in the same run."""
+    transformers assisted tokens/s, measured in the same run. With ``records``, the 95 % interval
+    half-widths of both block efficiencies (``block_efficiency_interval``) are added."""
     index = {(r.dataset, r.category, r.method, r.K, r.L, r.temperature): r for r in rows}
     table = []
     for row in rows:
@@ -154,7 +172,7 @@ def anchor_table(rows: Sequence[SummaryRow]) -> list[dict]:
         plain = index.get((*key, HF_PLAIN, 0, 0, row.temperature))
         ar = index.get((*key, BASELINE, 0, 0, row.temperature))
         sd = index.get((*key, "sd", 1, row.L, row.temperature))
-        table.append({
+        entry = {
             "dataset": row.dataset,
             "temperature": row.temperature,
             "L": row.L,
@@ -166,7 +184,13 @@ def anchor_table(rows: Sequence[SummaryRow]) -> list[dict]:
             "verispec_sd_be": sd.block_efficiency if sd else math.nan,
             "sd_over_hf_assisted": (sd.tokens_per_second / row.tokens_per_second) if sd and row.tokens_per_second else math.nan,
             "hf_assisted_speedup_vs_hf_generate": (row.tokens_per_second / plain.tokens_per_second) if plain and plain.tokens_per_second else math.nan,
-        })
+        }
+        if records:
+            for method, name in ((HF_ASSISTED, "hf_assisted"), ("sd", "verispec_sd")):
+                chosen = [r for r in records if r.dataset == row.dataset and r.method == method and r.L == row.L
+                          and r.temperature == row.temperature and (method == HF_ASSISTED or r.K == 1)]
+                entry[f"{name}_be_ci"] = block_efficiency_interval(chosen)[1]
+        table.append(entry)
     return table
 
 

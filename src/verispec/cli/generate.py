@@ -91,11 +91,13 @@ def run_demo(args) -> int:
 
     from verispec.bench.datasets import humaneval_prompts
     from verispec.models.default import encode_prompt
+    from verispec.models.hf import HFModelAdapter
 
     target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device)
     args.tree, args.stop = None, ()
-    plain = _decoder(args, target_model, tokenizer, None, method="ar")
-    spec = _decoder(args, target_model, tokenizer, draft_model)
+    target = HFModelAdapter(target_model, device=args.device, backend=args.backend)  # one cache for both decoders
+    plain = _decoder(args, target, tokenizer, None, method="ar")
+    spec = _decoder(args, target, tokenizer, draft_model)
     table = Table(title=f"{args.method} K={args.num_drafts} L={args.draft_len} vs plain decoding, T={args.temperature}, {args.dtype}, draft={draft_model if isinstance(draft_model, str) else 'default'}")
     for column in ["prompt", "tokens (plain / spec)", "plain tok/s", "spec tok/s", "block efficiency", "speedup"]:
         table.add_column(column)
