@@ -94,6 +94,10 @@ def process_probs(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     (e.g. the n-gram draft): log q is treated as the logits. probs: (n, V) -> (n, V) float64."""
     if params == SamplingParams():
         return probs
+    if params.greedy:  # argmax of log q is argmax of q (first index on ties, as logits_to_probs)
+        onehot = np.zeros(probs.shape, dtype=np.float64)
+        onehot[np.arange(probs.shape[0]), probs.argmax(axis=-1)] = 1.0
+        return onehot
     with np.errstate(divide="ignore"):
         logits = np.where(probs > 0, np.log(probs), -1e30)  # exp(-1e30) is exactly 0: zeros stay zeros
     return logits_to_probs(torch.from_numpy(logits), params)
