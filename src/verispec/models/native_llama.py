@@ -16,12 +16,13 @@ dynamic, yarn, ...) is used exactly as transformers defines it; the output layer
 module when it is not a plain ``nn.Linear`` or has hooks, so forward hooks on ``lm_head``
 (SPRINTER's feature extractor) still fire.
 
-bf16 on CPU: ``F.linear`` hands the weight to oneDNN, which reorders it into its blocked layout
-on *every* call; at batch size 1 that reorder costs as much as the product. The runner reorders
-each weight once at construction (``torch.ops.mkldnn._reorder_linear_weight``, the call
-torch.compile's CPU backend uses for frozen weights) and multiplies with the packed copy. The
-products are the same (bit-identical in our checks), 10-20 % faster per target forward; the
-price is one extra copy of the linear weights in memory, and the packed copies are a snapshot:
+bf16 on CPU: ``F.linear`` hands the weight to oneDNN, which prepares (reorders) it on every call;
+with 1-5 rows that preparation is a large part of the product's cost. The runner reorders each
+weight once at construction (``torch.ops.mkldnn._reorder_linear_weight``, the call
+torch.compile's CPU backend uses for frozen weights) and multiplies with the packed copy: up to
+2x faster per product at 1-5 rows, about 25 % per forward of the default target (5 tokens,
+1 thread: 69 -> 51 ms; transformers' own forward: 78 ms; ``benchmarks/runner_speed.py``), with
+bit-identical results in our checks. The price is one extra copy of the linear weights in memory, and the packed copies are a snapshot:
 build a new runner (a new adapter) after changing the model's weights. Other dtypes and devices
 use ``F.linear`` on the module weights directly (no copy).
 
