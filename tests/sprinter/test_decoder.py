@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.tiny import exact_first_tokens_law, tiny_llama
+from tests.engine.tiny import exact_first_tokens_law
 from verispec.core.rng import SeededRng, enumerate_outcomes
 from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.errors import ConfigError
@@ -23,19 +23,6 @@ PROMPT = [1, 2, 3]
 # The laws are exact; the reference vectors come from full float32 forwards while the decoder
 # reads KV-cached ones, which differ by ~1e-7 (the negative control is off by > 1e-3).
 EXACT = 2e-6
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_llama(0), tiny_llama(5, layers=1)
 
 
 @torch.no_grad()

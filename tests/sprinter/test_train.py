@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.engine.tiny import tiny_llama
 from verispec.cli.main import main
 from verispec.core.sampling import SamplingParams
 from verispec.errors import ConfigError
@@ -37,19 +36,6 @@ from verispec.sprinter.train import (
 )
 
 PROMPTS = [("a", [1, 2, 3, 1, 2]), ("b", [4, 5, 1, 4, 5]), ("c", [2, 2, 3, 3, 4]), ("d", [5, 4, 3, 2, 1])]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_llama(0), tiny_llama(5, layers=1)
 
 
 def llama_with_hidden(hidden: int, vocab: int = 6):

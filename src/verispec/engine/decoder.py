@@ -148,6 +148,25 @@ class TextDecoding:
     max_new_tokens: int = 1
     last_output: GenerationOutput | None = None
 
+    def _set_up(self, target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
+                eos_token_id, stop, seed, device, backend) -> None:
+        """The settings every decoding loop shares: target adapter, sampling parameters of target
+        and draft, output limits and stopping rules (EOS defaults to the tokenizer's)."""
+        self.backend = backend
+        self.target = _as_adapter(target, device, backend)
+        self.tokenizer = tokenizer
+        self.params = SamplingParams(temperature, top_k, top_p)
+        self.draft_params = SamplingParams(temperature if draft_temperature is None else draft_temperature, top_k, top_p)
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.max_new_tokens = int(max_new_tokens)
+        self.stop = tuple(stop)
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+        self.eos_ids = {int(e) for e in ([] if eos_token_id is None else np.atleast_1d(eos_token_id))}
+        self.seed = seed
+        self.last_output = None
+
     def generate(self, prompt: str | Sequence[int], rng=None) -> GenerationOutput:
         """Decode until max_new_tokens, an EOS token or a stop string. ``rng``: any ``Rng``
         (default ``SeededRng(self.seed)``), e.g. the replay enumerator for exact tests."""
@@ -233,25 +252,11 @@ class SpeculativeDecoder(TextDecoding):
         step_callback=None,
         backend: str = "auto",
     ):
-        self.backend = backend
-        self.target = _as_adapter(target, device, backend)
-        self.tokenizer = tokenizer
+        self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
+                     eos_token_id, stop, seed, device, backend)
         self.method = method
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
-        self.params = SamplingParams(temperature, top_k, top_p)
-        self.draft_params = SamplingParams(
-            temperature if draft_temperature is None else draft_temperature, top_k, top_p
-        )
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.max_new_tokens = int(max_new_tokens)
-        self.stop = tuple(stop)
-        if eos_token_id is None and tokenizer is not None:
-            eos_token_id = tokenizer.eos_token_id
-        self.eos_ids = {int(e) for e in ([] if eos_token_id is None else np.atleast_1d(eos_token_id))}
-        self.seed = seed
         self.step_callback = step_callback
-        self.last_output: GenerationOutput | None = None
         self.num_drafts, self.draft_len, self.tree = self._check_shape(num_drafts, draft_len, tree)
         self.drafter: Drafter | None = None if self.spec is None else self._make_drafter(draft, device)
         if self.drafter is not None and self.drafter.vocab_size != self.target.vocab_size:

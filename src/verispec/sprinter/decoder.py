@@ -198,22 +198,11 @@ class SprinterDecoder(TextDecoding):
         extractor: FeatureExtractor | None = None,
         backend: str = "auto",
     ):
-        self.backend = backend
-        self.target = _as_adapter(target, device, backend)
-        self.tokenizer = tokenizer
-        self.params = SamplingParams(temperature, top_k, top_p)
-        self.draft_params = SamplingParams(temperature if draft_temperature is None else draft_temperature, top_k, top_p)
+        self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
+                     eos_token_id, stop, seed, device, backend)
         if int(max_run) != max_run or max_run < 1:
             raise ConfigError(f"max_run must be an integer >= 1, got {max_run!r}")
         self.max_run = int(max_run)
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.max_new_tokens = int(max_new_tokens)
-        self.stop = tuple(stop)
-        if eos_token_id is None and tokenizer is not None:
-            eos_token_id = tokenizer.eos_token_id
-        self.eos_ids = {int(e) for e in ([] if eos_token_id is None else np.atleast_1d(eos_token_id))}
-        self.seed = seed
         self.drafter = self._make_drafter(draft, device)
         if self.drafter.vocab_size != self.target.vocab_size:
             raise ConfigError(
