@@ -49,18 +49,26 @@ def normalize(weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-def residual(target: np.ndarray, draft: np.ndarray, target_scale: float = 1.0) -> tuple[np.ndarray, bool]:
-    """norm([target_scale * target - draft]_+), shape (V,).
+def normalized_positive_part(weights: np.ndarray, fallback: np.ndarray) -> tuple[np.ndarray, bool]:
+    """norm([weights]_+), shape (V,), computed in place in ``weights`` (a scratch array the caller owns).
 
-    Returns (distribution, guard_hit). If the residual has no mass (a branch of probability ~0 in
-    exact arithmetic, ALGORITHMS.md §1 rule 3) the un-modified ``target`` is returned and
-    ``guard_hit`` is True so callers can count it in their diagnostics.
+    Returns (distribution, guard_hit). If the positive part has no mass (a branch of probability ~0
+    in exact arithmetic, ALGORITHMS.md §1 rule 3) ``fallback`` (the node's un-modified target) is
+    returned and ``guard_hit`` is True so callers can count it in their diagnostics. Every
+    residual of the rules ends here.
     """
-    weights = np.maximum(target_scale * target - draft, 0.0)
+    np.maximum(weights, 0.0, out=weights)
     mass = weights.sum()
-    if mass <= RESIDUAL_MASS_GUARD:
-        return target, True
-    return weights / mass, False
+    if not mass > RESIDUAL_MASS_GUARD:
+        return fallback, True
+    weights /= mass
+    return weights, False
+
+
+def residual(target: np.ndarray, draft: np.ndarray, target_scale: float = 1.0) -> tuple[np.ndarray, bool]:
+    """norm([target_scale * target - draft]_+), shape (V,); (target, True) when it has no mass
+    (``normalized_positive_part``)."""
+    return normalized_positive_part(target_scale * target - draft, target)
 
 
 def positive_part_mass(vector: np.ndarray) -> float:

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD, safe_log
+from verispec.core.probs import normalized_positive_part, safe_log
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, path_rows, result_at
@@ -67,11 +67,7 @@ def greedy_block_verify_path(
 
 def _residual_at(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[np.ndarray, bool]:
     scaled_p, scaled_q = _scaled_parts(target, draft, log_nu)
-    weights = np.maximum(scaled_p - scaled_q, 0.0)
-    mass = weights.sum()
-    if not mass > RESIDUAL_MASS_GUARD:
-        return target, True
-    return weights / mass, False
+    return normalized_positive_part(scaled_p - scaled_q, target)
 
 
 class GBVMod(Verifier):

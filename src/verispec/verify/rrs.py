@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.probs import RESIDUAL_MASS_GUARD, normalized_positive_part
 from verispec.core.rng import Rng
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
@@ -45,13 +45,7 @@ NodeRule = Callable[[Rng, np.ndarray, np.ndarray, Sequence[int]], tuple[int | No
 def _positive_residual(target: np.ndarray, draft: np.ndarray, fallback: np.ndarray) -> tuple[np.ndarray, bool]:
     """norm([target - draft]_+), shape (V,); (fallback, True) if it has no mass, a branch of
     probability ~0 in exact arithmetic (§1 rule 3: fall back to the node's un-modified p)."""
-    weights = target - draft
-    np.maximum(weights, 0.0, out=weights)
-    mass = weights.sum()
-    if not mass > RESIDUAL_MASS_GUARD:
-        return fallback, True
-    weights /= mass
-    return weights, False
+    return normalized_positive_part(target - draft, fallback)
 
 
 def _recursive_rejection(

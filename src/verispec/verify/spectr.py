@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.probs import normalized_positive_part
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult
@@ -204,12 +204,8 @@ def kseq_residual(target: np.ndarray, draft: np.ndarray, rho: float, k: int) -> 
     scale = 1.0 if k == 1 else (1.0 - _reject_all(beta, k)) / beta
     weights *= -scale
     weights += target
-    np.maximum(weights, 0.0, out=weights)  # rounding only: the form is >= 0 when f(rho) >= 0
-    mass = weights.sum()
-    if not mass > RESIDUAL_MASS_GUARD:
-        return target, True
-    weights /= mass
-    return weights, False
+    # the positive part matters for rounding only: the form is >= 0 when f(rho) >= 0
+    return normalized_positive_part(weights, target)
 
 
 def root_form_residual(target: np.ndarray, draft: np.ndarray, rho: float, k: int) -> tuple[np.ndarray, bool]:
@@ -217,12 +213,7 @@ def root_form_residual(target: np.ndarray, draft: np.ndarray, rho: float, k: int
     exact root; used by the negative control ``SpecTrWrongSideRho``."""
     weights = draft * (-rho)
     weights += target
-    np.maximum(weights, 0.0, out=weights)
-    mass = weights.sum()
-    if not mass > RESIDUAL_MASS_GUARD:
-        return target, True
-    weights /= mass
-    return weights, False
+    return normalized_positive_part(weights, target)
 
 
 RhoFn = Callable[[np.ndarray, np.ndarray, int], float]
