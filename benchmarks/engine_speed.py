@@ -18,6 +18,7 @@ from verispec.bench.datasets import humaneval_prompts
 from verispec.cli.generate import DTYPES
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
+from verispec.models import BACKENDS
 from verispec.models.default import encode_prompt, load_default_target
 from verispec.models.hf import HFModelAdapter
 
@@ -48,7 +49,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    parser.add_argument("--backend", default="auto", choices=["auto", "native", "transformers"],
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="adapter runner (models.hf): native Llama forward (auto) or transformers' forward")
     args = parser.parse_args()
     if args.threads:

@@ -23,11 +23,11 @@ import yaml
 
 from verispec.bench.datasets import HUMANEVAL, check_dataset_spec
 from verispec.errors import ConfigError
+from verispec.models import check_backend
 from verispec.verify.registry import get_method
 
 BASELINE = "ar"
 DTYPES = ("fp32", "bf16", "fp16")
-BACKENDS = ("auto", "native", "transformers")
 
 # Alternative spellings accepted in config files, mapped to the field name.
 ALIASES = {
@@ -97,8 +97,7 @@ class BenchConfig:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        check_backend(self.backend)
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.record_limit < 1:

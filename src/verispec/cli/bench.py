@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from verispec.errors import ConfigError
+from verispec.models import BACKENDS
 
 # Flags that map onto BenchConfig keys (argparse dest -> config key); None = not given.
 CONFIG_FLAGS = (
@@ -32,7 +33,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory, or 'ngram' (default)")
     parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default=None)
-    parser.add_argument("--backend", default=None, choices=["auto", "native", "transformers"],
+    parser.add_argument("--backend", default=None, choices=BACKENDS,
                         help="model forward: native Llama forward when possible (auto, default) or transformers'")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--top-k", type=int, default=None)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from verispec.errors import VerispecError
+from verispec.models import BACKENDS
 
 
 def _int_list(text: str) -> list[int]:
@@ -25,7 +26,7 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory, 'ngram', or default (the shipped default draft)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--backend", default="auto", choices=["auto", "native", "transformers"],
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="model forward: the native Llama forward when the model qualifies (auto, default), "
                              "or transformers' own forward")
 

@@ -36,12 +36,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from verispec.errors import ConfigError, InvalidDraftError
+from verispec.models import check_backend
 
 ROOT = 0
 TREE_MASK_ATTENTION = ("eager", "sdpa")
-
-
-BACKENDS = ("auto", "native", "transformers")
 
 
 def tree_attention_mask(
@@ -143,9 +141,7 @@ def make_runner(model, backend: str = "auto"):
     """The runner for ``backend`` ("auto", "native" or "transformers"; see the module docstring)."""
     from verispec.models.native_llama import NativeLlamaRunner, supports
 
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == "transformers":
+    if check_backend(backend) == "transformers":
         return TransformersRunner(model)
     reason = supports(model)
     if reason is None:
