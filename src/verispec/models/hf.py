@@ -24,6 +24,11 @@ The model forward itself is delegated to a *runner* (``backend``):
   ``DynamicCache``; the tree mask goes in as a 4D additive mask, which transformers uses as is for
   ``attn_implementation`` "eager" and "sdpa"; flash-attention implementations would silently
   ignore it, so this runner refuses them.
+  Sliding-window layers (Gemma 3, Mistral, ...) keep every entry here (transformers' own sliding
+  cache drops entries older than the window, which a rollback cannot restore) and get their own
+  mask: the tree mask further limited to keys whose *position* is within ``window`` of the query's
+  (``query position - key position < window``, transformers' convention). A tree node thus sees
+  exactly the last ``window`` positions of its own root path, at any context length.
 * ``"auto"`` (default): native when the model qualifies, else transformers.
 """
 
@@ -31,9 +36,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import inspect
+import sys
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 from verispec.errors import ConfigError, InvalidDraftError
 from verispec.models import check_backend
@@ -68,7 +76,12 @@ def tree_attention_mask(
 
 
 class TransformersRunner:
-    """The model's own ``forward`` over a transformers ``DynamicCache`` (batch size 1)."""
+    """The model's own ``forward`` over a transformers ``DynamicCache`` (batch size 1).
+
+    Layers with a sliding window keep all their entries in a plain ``DynamicLayer``, and the
+    runner tracks the position of every cache entry so that it can build their masks by position
+    (tree nodes sit at ``committed_len + depth``, not at their cache index).
+    """
 
     def __init__(self, model):
         attn = getattr(model.config, "_attn_implementation", None)
@@ -80,23 +93,86 @@ class TransformersRunner:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.layer_windows = self._layer_windows()
+        self.positions = torch.empty(0, dtype=torch.long)  # position of each cache entry
         self.cache = self._new_cache()
 
-    def _new_cache(self) -> DynamicCache:
+    def _layer_windows(self) -> dict[str, int | None]:
+        """The model's attention layer types and their windows (None = full attention).
+
+        Raises ConfigError for cache layers a tree rollback cannot handle (recurrent, chunked,
+        quantized ...), and for a model mixing layer types whose forward takes no per-type masks.
+        """
         cache = DynamicCache(config=self.model.config)
-        # Rollback selects entries by index on the sequence axis: only plain full-attention layers allow it.
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        layer_types, _ = get_layer_types_and_kwargs(self.model.config.get_text_config(decoder=True))
+        windows: dict[str, int | None] = {}
+        for layer_type, layer in zip(layer_types, cache.layers):
+            if type(layer) is DynamicLayer:
+                window = None
+            elif type(layer) is DynamicSlidingWindowLayer:
+                window = int(layer.sliding_window)
+            else:
+                raise ConfigError(
+                    f"{type(self.model).__name__} needs {type(layer).__name__} cache layers, which tree "
+                    "rollback does not support; use a model with full or sliding-window attention layers"
+                )
+            if windows.setdefault(layer_type, window) != window:
+                raise ConfigError(f"layers of type {layer_type!r} have different sliding windows; not supported")
+        if len(set(windows.values())) > 1 and not self._takes_mask_per_layer_type():
             raise ConfigError(
-                f"{type(self.model).__name__} needs a cache with sliding-window or non-attention layers, "
-                "which tree rollback does not support; use a model with full attention in every layer"
+                f"{type(self.model).__name__} mixes layer types {sorted(windows)} but its forward does not "
+                "take one attention mask per layer type; use backend='transformers' only with models that do"
             )
-        return cache
+        return windows
+
+    def _takes_mask_per_layer_type(self) -> bool:
+        """Whether the model's forward accepts a {layer type: mask} dict (transformers 5.x convention)."""
+        module = sys.modules.get(type(self.model.base_model).__module__)
+        return module is not None and "causal_mask_mapping := attention_mask" in inspect.getsource(module)
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return any(window is not None for window in self.layer_windows.values())
+
+    def _new_cache(self) -> DynamicCache:
+        # Plain layers everywhere: rollback selects entries by index on the sequence axis, and
+        # sliding layers are limited by their masks instead of by dropping old entries.
+        return DynamicCache()
 
     def reset(self) -> None:
         self.cache = self._new_cache()
+        self.positions = torch.empty(0, dtype=torch.long)
 
     def seq_length(self) -> int:
         return self.cache.get_seq_length()
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        # The dtype's minimum, not -inf: fused fp16 kernels can turn -inf into NaN.
+        additive = torch.zeros(allowed.shape, dtype=self.dtype)
+        return additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None].to(self.device)
+
+    def _masks(self, positions: torch.Tensor, allowed: torch.Tensor | None):
+        """The ``attention_mask`` argument: None, one 4D additive mask, or one per layer type.
+
+        positions: (n,) positions of the new inputs; allowed: bool (n, cache length + n) or None
+        (causal). Sliding layers additionally need ``query position - key position < window``.
+        """
+        key_positions = torch.cat([self.positions, positions])
+        span = int(positions.max() - key_positions.min())
+        sliding = [w for w in self.layer_windows.values() if w is not None and span >= w]
+        if not sliding:  # every window covers all keys: one mask serves every layer
+            return None if allowed is None else self._additive(allowed)
+        if allowed is None:
+            cached = len(self.positions)
+            allowed = torch.ones(len(positions), cached + len(positions), dtype=torch.bool).tril(cached)
+        distance = positions[:, None] - key_positions[None, :]
+        masks = {
+            layer_type: self._additive(allowed if window is None else allowed & (distance < window))
+            for layer_type, window in self.layer_windows.items()
+        }
+        if len(set(self.layer_windows.values())) == 1:
+            return next(iter(masks.values()))
+        return masks
 
     @torch.no_grad()
     def forward(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
@@ -104,19 +180,17 @@ class TransformersRunner:
 
         allowed: bool (n, cache length + n) attention pattern, or None for plain causal attention.
         """
-        mask = None
-        if allowed is not None:
-            # The dtype's minimum, not -inf: fused fp16 kernels can turn -inf into NaN.
-            additive = torch.zeros(allowed.shape, dtype=self.dtype)
-            mask = additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None].to(self.device)
+        new_positions = torch.tensor(positions, dtype=torch.long)
+        mask = self._masks(new_positions, allowed)
         out = self.model(
             input_ids=torch.tensor([input_ids], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
+            position_ids=new_positions[None].to(self.device),
             attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=keep,
         )
+        self.positions = torch.cat([self.positions, new_positions])
         return out.logits[0, -keep:].float().cpu()
 
     @torch.no_grad()
@@ -135,6 +209,7 @@ class TransformersRunner:
                 layer.keys[..., length:end, :] = layer.keys.index_select(-2, index)
                 layer.values[..., length:end, :] = layer.values.index_select(-2, index)
             layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
+        self.positions = torch.cat([self.positions[:length], self.positions[index.cpu()]])
 
 
 def make_runner(model, backend: str = "auto"):
