@@ -29,7 +29,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
     parser.add_argument("--seeds", default=None, help="comma list (default 0)")
     parser.add_argument("--out", default=None, help="output folder (default bench_out)")
-    parser.add_argument("--target", default=None, help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default=None, help="draft model directory, or 'ngram' (default)")
     parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default=None)

@@ -35,7 +35,7 @@ def add_draft_parser(sub) -> None:
 
 
 def _add_pair_flags(parser) -> None:
-    parser.add_argument("--target", default="default", help="target model directory or 'default' (SmolLM2-135M-Instruct)")
+    parser.add_argument("--target", default="default", help="target model directory, 'default' (SmolLM2-135M-Instruct) or 'gemma3-270m' (optional extra)")
     parser.add_argument("--draft", default=NGRAM, help="draft model directory, 'ngram', or 'default-draft' (the shipped one)")
     parser.add_argument("--prompts", default=None, help="prompt file (Spec-Bench JSONL, or one prompt a line); "
                         "default: held-out HumanEval 0-39 and Spec-Bench question_id %% 5 == 0 prompts")

@@ -22,7 +22,7 @@ def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=None, help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default=None, help="draft model directory, 'ngram', or default (the shipped default draft)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")

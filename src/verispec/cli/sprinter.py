@@ -25,7 +25,7 @@ DTYPE_NAMES = ("fp32", "bf16", "fp16")
 
 # ----- argument parsing ----------------------------------------------------------------------------
 def _pair_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=None, help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default="ngram", help="'ngram' (default, the training-free draft) or a draft model directory")
     parser.add_argument("--dtype", default="fp32", choices=DTYPE_NAMES)
     parser.add_argument("--device", default="cpu")

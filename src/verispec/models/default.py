@@ -121,14 +121,20 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ):
-    """(model, tokenizer) from a local HF model directory, or the default target for None / "default"."""
+    """(model, tokenizer) from a local HF model directory, the default target for None / "default",
+    or a named target ("gemma3-270m": Gemma 3 270M from the optional ``gemma`` extra)."""
     if path_or_default is None or str(path_or_default) == "default":
         return load_default_target(dtype, device)
+    if str(path_or_default) == "gemma3-270m":
+        from verispec.models.gemma import load_gemma_target
+
+        return load_gemma_target(dtype, device)
     path = Path(path_or_default).expanduser()
     if not path.is_dir():
         raise ConfigError(
             f"model directory {str(path)!r} does not exist; give a local Hugging Face model directory "
-            "(config.json + weights + tokenizer) or 'default' for the embedded SmolLM2-135M-Instruct"
+            "(config.json + weights + tokenizer), 'default' for the embedded SmolLM2-135M-Instruct or "
+            "'gemma3-270m' for Gemma 3 270M (optional extra)"
         )
     return load_pretrained_dir(path, dtype, device)
 
