@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.bench.datasets import humaneval_prompts
+from verispec.cli.generate import DTYPES
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.models.default import encode_prompt, load_model
 from verispec.models.hf import HFModelAdapter
@@ -127,14 +128,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model("gemma3-270m", torch.float32)
+    model, tokenizer = load_model("gemma3-270m", DTYPES[args.dtype])
     adapter = HFModelAdapter(model)
     clock = ForwardClock()
     clock.wrap(adapter.runner)
     prompts = [encode_prompt(tokenizer, p.text, chat=False) for p in humaneval_prompts(args.prompts)]
-    print(f"Gemma 3 270M fp32, runner {adapter.backend}, V = {adapter.vocab_size}, torch threads "
+    print(f"Gemma 3 270M {args.dtype}, runner {adapter.backend}, V = {adapter.vocab_size}, torch threads "
           f"{torch.get_num_threads()}, {len(prompts)} HumanEval prompts x {args.max_new_tokens} tokens, "
           f"temperature 0, {args.repeats} repeats; median (min..max over repeats)")
     decode_table(adapter, clock, prompts, args)
