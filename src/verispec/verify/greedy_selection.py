@@ -153,7 +153,8 @@ class SkewedPathLaw:
             self.below[i + 1] = self.below[i] + self.mass[i] * below_mass(target_rows[i], draft_rows[i], token)
             self.mass[i + 1] = self.mass[i] * draft_rows[i][token]
         self.joint = skewed_mass(self.below, self.mass, num_drafts)  # Q̃(s_{1:i}), i = 0..L
-        self.token_probs = self.joint[1:] / self.joint[:-1]
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 only on paths no draft reaches
+            self.token_probs = self.joint[1:] / self.joint[:-1]
         self._rows: dict[int, np.ndarray] = {}
 
     def joint_row(self, position: int) -> np.ndarray:
