@@ -149,6 +149,12 @@ MUTANTS = [
         (BLOCK,),
     ),
     Mutant(
+        "window_linear_exp",
+        "modification forms exp(log Qd - log P) in linear space (overflows once log P < -709.8)",
+        (("verify/modification.py", "    if abs(log_factor) <= _LINEAR_LOG_RANGE:\n", "    if True:\n"),),
+        ("tests/verify/test_modification.py",),
+    ),
+    Mutant(
         "gmpbv_plain_q",
         "GMPBV runs BV with the plain draft q instead of q̃",
         (("verify/gmpbv.py", "block_verify_path(rng, target_rows, law, tokens, law.token_probs)",
