@@ -3,7 +3,7 @@
 
 The older K = 2..3 fixtures mostly drew a point-mass root, so all paths shared their first token.
 Here each fixture asserts, by enumerating the sampler itself, that the root has >= 2 distinct
-children with probability >= 0.6, and that the toy models carry exact zeros (p = 0 on drafted
+children with probability >= 0.5, and that the toy models carry exact zeros (p = 0 on drafted
 tokens, q = 0 on target tokens). V = 3, L = 2, K = 3 and 4 keep each enumeration to seconds.
 """
 
@@ -32,7 +32,7 @@ PATH_RULES = [SpecTr(), GreedyMultiPathBV(), SpecTrGBVStar(), TraversalVerificat
 
 def _checked_pair(vocab, seed, sampler, length):
     target, draft = toy_pair(vocab, seed=seed, zero_frac=0.25)
-    assert root_branching_probability(sampler, draft) >= 0.6, "the fixture must branch at the root"
+    assert root_branching_probability(sampler, draft) >= 0.5, "the fixture must branch at the root"
     prefixes = [z for depth in range(length + 1) for z in itertools.product(range(vocab), repeat=depth)]
     assert any((target(z) == 0).any() for z in prefixes) and any((draft(z) == 0).any() for z in prefixes)
     return target, draft
@@ -52,17 +52,19 @@ def test_multi_path_rules_are_exact_on_branching_roots(verifier, vocab, seed, nu
 
 
 TREE_CASES = [
-    (RRS(), [3, 2], DraftScheme.IID_TREE),
-    (RRS(), [4, 1], DraftScheme.IID_TREE),
-    (RRSw(), [3, 2], DraftScheme.WITHOUT_REPLACEMENT),
-    (TraversalVerification(), [3, 2], DraftScheme.WITHOUT_REPLACEMENT),
-    (TraversalVerification(), [3, 1], DraftScheme.IID_TREE),
-    (NaiveSpecInfer(), [3, 2], DraftScheme.WITHOUT_REPLACEMENT),
+    (RRS(), [3, 1], DraftScheme.IID_TREE),
+    (RRS(), [2, 2], DraftScheme.IID_TREE),
+    (RRSw(), [3, 1], DraftScheme.WITHOUT_REPLACEMENT),
+    (RRSw(), [2, 2], DraftScheme.WITHOUT_REPLACEMENT),
+    (TraversalVerification(), [3, 1], DraftScheme.WITHOUT_REPLACEMENT),
+    (TraversalVerification(), [2, 2], DraftScheme.IID_TREE),
+    (NaiveSpecInfer(), [3, 1], DraftScheme.WITHOUT_REPLACEMENT),
     (SpecHub(), [2, 2], DraftScheme.SPECHUB_PAIR),
 ]
+TREE_PAIRS = [(3, 1), (4, 1)]
 
 
-@pytest.mark.parametrize("vocab,seed", PAIRS, ids=[f"V{v}-s{s}" for v, s in PAIRS])
+@pytest.mark.parametrize("vocab,seed", TREE_PAIRS, ids=[f"V{v}-s{s}" for v, s in TREE_PAIRS])
 @pytest.mark.parametrize(
     "verifier,shape,scheme", TREE_CASES, ids=[f"{v.name}-{s.value}-{'x'.join(map(str, b))}" for v, b, s in TREE_CASES]
 )

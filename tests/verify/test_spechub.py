@@ -8,12 +8,11 @@ import pytest
 from tests.conftest import toy_pair
 from tests.verify.conftest import random_pair, single_position_acceptance
 from tests.verify.exact import EXACT_TOLERANCE, block_error, paths_sampler, tree_sampler
-from tests.verify.mc import chi_square_pvalue, mc_completed_counts
 from verispec.core.rng import SeededRng, enumerate_outcomes
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.errors import InvalidDraftError, UnsupportedDraftSchemeError
 from verispec.models.toy import context_free_pair
-from verispec.theory.enumerate import block_law, target_law
+from verispec.theory.enumerate import block_law
 from verispec.verify.otm import otm_plan
 from verispec.verify.spechub import (
     SpecHub,
@@ -173,12 +172,4 @@ def test_pair_without_the_hub_is_refused():
         SpecHub().verify(tree, SeededRng(0))
 
 
-@pytest.mark.slow
-def test_spechub_monte_carlo_chi_square():
-    """V = 6, binary tree of depth 3, n = 30,000 completed samples; Pearson chi-square with cells
-    of expected count < 5 pooled; rejects at p < 1e-3, a false-alarm rate of 1e-3 per run."""
-    target, draft = toy_pair(6, seed=66)
-    counts = mc_completed_counts(
-        SpecHub(), tree_sampler([2, 2, 2], DraftScheme.SPECHUB_PAIR), target, draft, 3, 30_000, seed=2026
-    )
-    assert chi_square_pvalue(counts, target_law(target, 4)) > 1e-3
+# Monte-Carlo with a stated power: tests/verify/test_monte_carlo.py
