@@ -50,14 +50,14 @@ MUTANTS = [
     Mutant(
         "tie_select",
         "GMPBV/★ selection breaks p/q ties by the HIGHER id ranking lower (selection only)",
-        ((GREEDY, "key=lambda child: order_key(ratios, int(tree.tokens[child])))",
-          "key=lambda child: (float(ratios[tree.tokens[child]]), -int(tree.tokens[child])))"),),
+        ((GREEDY, "key=lambda i: order_key(ratios, i, int(tokens[i])))",
+          "key=lambda i: (float(ratios[i]), -int(tokens[i])))"),),
         (GREEDY_TESTS,),
     ),
     Mutant(
         "tie_law",
         "skewed law (C(z), modification) breaks ties the other way (law only)",
-        ((GREEDY, "((ratios == ratio) & (ids < token))", "((ratios == ratio) & (ids > token))"),
+        ((GREEDY, "mask[:token] |= ratios[:token] == ratio", "mask[token + 1:] |= ratios[token + 1:] == ratio"),
          (GREEDY, "return np.lexsort((token_ids, ratios))", "return np.lexsort((-np.asarray(token_ids), ratios))")),
         (GREEDY_TESTS,),
     ),

@@ -58,7 +58,7 @@ def test_the_order_is_one_definition():
         draft, target = draft / draft.sum(), target / target.sum()
         ratios = local_ratios(target, draft)
         ids = np.arange(vocab)
-        by_key = sorted(ids, key=lambda t: order_key(ratios, t))
+        by_key = sorted(ids, key=lambda t: order_key(ratios, t, t))
         assert list(local_order(ratios, ids)) == by_key
         everything = below_mass_all(target, draft)
         for rank, token in enumerate(by_key):

@@ -29,16 +29,18 @@ def local_ratios(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
         return np.where(draft > 0.0, target / draft, np.inf)
 
 
-def order_key(ratios: np.ndarray, token: int) -> tuple[float, int]:
-    """Sort key of ``token`` in the local order: larger key = ranked higher (§7.1)."""
-    return (float(ratios[token]), int(token))
+def order_key(ratios: np.ndarray, index: int, token: int) -> tuple[float, int]:
+    """Sort key in the local order of ``token``, whose ratio is ``ratios[index]``: larger key =
+    ranked higher (§7.1)."""
+    return (float(ratios[index]), int(token))
 
 
 def ranked_below(ratios: np.ndarray, token: int) -> np.ndarray:
     """Boolean mask (V,) of the tokens whose ``order_key`` is smaller than ``token``'s."""
     ratio = ratios[token]
-    ids = np.arange(len(ratios))
-    return (ratios < ratio) | ((ratios == ratio) & (ids < token))
+    mask = ratios < ratio
+    mask[:token] |= ratios[:token] == ratio  # equal ratio and a lower id: ranked below
+    return mask
 
 
 def local_order(ratios: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
@@ -49,8 +51,16 @@ def local_order(ratios: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
 
 # ----- cumulative draft mass below a token ------------------------------------------------------
 def below_mass(target: np.ndarray, draft: np.ndarray, token: int) -> float:
-    """Σ q(y) over the tokens y ranked below ``token`` in the local order. O(V), no sort."""
-    return float(draft[ranked_below(local_ratios(target, draft), token)].sum())
+    """Σ q(y) over the tokens y ranked below ``token`` in the local order. O(V), no sort.
+
+    Uses the bare quotient p/q, which equals ``local_ratios`` wherever q > 0 (q = 0 gives inf or
+    NaN here, but such tokens add q = 0 to the sum whichever side they fall on): one pass less
+    over the vocabulary on the hot path (called once per position of the selected path)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = target / draft
+    if draft[token] <= 0.0:
+        ratios[token] = np.inf
+    return float(draft @ ranked_below(ratios, token))
 
 
 def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
@@ -118,9 +128,13 @@ def num_iid_drafts(tree: DraftTree) -> int:
 
 
 def greedy_child(tree: DraftTree, node: int) -> int:
-    """The child of ``node`` whose token ranks highest in the local order at ``node`` (§7.1)."""
-    ratios = local_ratios(tree.target_probs[node], tree.draft_probs[node])
-    return max(tree.children[node], key=lambda child: order_key(ratios, int(tree.tokens[child])))
+    """The child of ``node`` whose token ranks highest in the local order at ``node`` (§7.1).
+    Only the children's ratios are computed (O(children), not O(V))."""
+    children = tree.children[node]
+    tokens = tree.tokens[list(children)]
+    ratios = local_ratios(tree.target_probs[node][tokens], tree.draft_probs[node][tokens])
+    best = max(range(len(children)), key=lambda i: order_key(ratios, i, int(tokens[i])))
+    return children[best]
 
 
 def select_greedy_path(tree: DraftTree) -> tuple[int, ...]:
