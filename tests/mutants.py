@@ -155,6 +155,13 @@ MUTANTS = [
         ("tests/verify/test_modification.py",),
     ),
     Mutant(
+        "window_old_exp",
+        "the pre-fix code: Qd(z, .) and 1/P(z) formed separately (exp(-log P) overflows at log P = -800)",
+        (("verify/modification.py", "draft_joint = scaled_to_linear(vector, log_scale - self.log_target_joint)",
+          "draft_joint = vector * math.exp(log_scale) * math.exp(-self.log_target_joint)"),),
+        ("tests/verify/test_modification.py",),
+    ),
+    Mutant(
         "gmpbv_plain_q",
         "GMPBV runs BV with the plain draft q instead of q̃",
         (("verify/gmpbv.py", "block_verify_path(rng, target_rows, law, tokens, law.token_probs)",
@@ -172,6 +179,22 @@ MUTANTS = [
         "chain_validation_off",
         "DraftTree.validate accepts a branching tree labelled CHAIN",
         (("core/tree.py", "        self._validate_scheme_structure()\n", "\n"),),
+        (TREE_TESTS,),
+    ),
+]
+
+
+MUTANTS += [
+    Mutant(
+        "iid_paths_validation_off",
+        "DraftTree.validate accepts an IID_PATHS tree without (or with non-covering) raw paths",
+        (("core/tree.py", "            self._validate_iid_paths(label)\n", "            pass\n"),),
+        (TREE_TESTS,),
+    ),
+    Mutant(
+        "distinct_siblings_off",
+        "DraftTree.validate accepts repeated sibling tokens in a trie / without-replacement tree",
+        (("core/tree.py", "                if len(set(tokens)) != len(tokens):", "                if False:"),),
         (TREE_TESTS,),
     ),
 ]
