@@ -167,7 +167,10 @@ def test_pair_without_the_hub_is_refused():
     # rejection branch, where the hub read off the pair is checked against argmax q
     target = np.tile([1.0, 0.0, 0.0], (3, 1))
     draft = np.array([[0.5, 0.3, 0.2], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    tree = DraftTree.build([-1, 1, 2], [-1, 0, 0], target, draft, DraftScheme.SPECHUB_PAIR)
+    with pytest.raises(InvalidDraftError, match="hub argmax q = 0"):  # DraftTree.validate refuses it
+        DraftTree.build([-1, 1, 2], [-1, 0, 0], target, draft, DraftScheme.SPECHUB_PAIR)
+    # the engine builds trees unvalidated: the verifier checks the hub on its own
+    tree = DraftTree.build([-1, 1, 2], [-1, 0, 0], target, draft, DraftScheme.SPECHUB_PAIR, validate=False)
     with pytest.raises(InvalidDraftError, match="the hub is 0"):
         SpecHub().verify(tree, SeededRng(0))
 
