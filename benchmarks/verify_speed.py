@@ -19,7 +19,11 @@ nss, traversal) get an extra row "<rule>[tree]" on trees of shape [K, 1, ..., 1]
 scheme (i.i.d. children for rrs, without replacement for the others).
 Trees are built and validated outside the timed region (--num-trees distinct trees, cycled);
 the timed region is the verify call alone, with a fresh SeededRng(i) built just before it and
-the garbage collector paused. "otm" is skipped: its LP over V^K tuples is an exponential
+the garbage collector paused. Rules are INTERLEAVED: repeat i times one call of every rule, in
+an order shuffled per repeat (seeded), so a change of machine load spreads over all rules alike
+instead of landing on whichever rule ran during it; median and p90 are over the repeats. All
+tree families are held in memory at once for this (about 1 GB at the defaults; lower
+--num-trees on a small machine). "otm" is skipped: its LP over V^K tuples is an exponential
 small-V reference (§10).
 
 PASS means median <= target. Targets: 2 ms for the O(V)-per-step rules, 10 ms for the rules
@@ -137,30 +141,40 @@ class Row:
     status: str
 
 
-def time_rule(spec: MethodSpec, trees: list[DraftTree], repeats: int, warmup: int, label: str | None = None) -> Row:
-    verifier = spec.verifier
+def time_rules(jobs, trees_of: dict, repeats: int, warmup: int, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Interleaved timing: for i in range(repeats), one verify call per job in a shuffled order.
+    jobs: (label, spec, tree key); returns label -> (times in ms (repeats,), accepted lengths)."""
+    order_rng = np.random.default_rng([seed, 7])
     for i in range(warmup):
-        verifier.verify(trees[i % len(trees)], SeededRng(10**9 + i))
-    times = np.empty(repeats)
-    accepted = np.empty(repeats)
-    gc.collect()
-    gc.disable()
-    try:
-        for i in range(repeats):
-            tree = trees[i % len(trees)]
-            rng = SeededRng(i)
-            start = time.perf_counter_ns()
-            result = verifier.verify(tree, rng)
-            times[i] = time.perf_counter_ns() - start
-            accepted[i] = result.accepted_len
-    finally:
-        gc.enable()
-    times_ms = times / 1e6
-    target = TARGET_MS.get(spec.name)
+        for label, spec, key in jobs:
+            trees = trees_of[key]
+            spec.verifier.verify(trees[i % len(trees)], SeededRng(10**9 + i))
+    times = {label: np.empty(repeats) for label, _, _ in jobs}
+    accepted = {label: np.empty(repeats) for label, _, _ in jobs}
+    for i in range(repeats):
+        gc.collect()
+        gc.disable()
+        try:
+            for index in order_rng.permutation(len(jobs)):
+                label, spec, key = jobs[index]
+                trees = trees_of[key]
+                tree = trees[i % len(trees)]
+                rng = SeededRng(i)
+                start = time.perf_counter_ns()
+                result = spec.verifier.verify(tree, rng)
+                times[label][i] = (time.perf_counter_ns() - start) / 1e6
+                accepted[label][i] = result.accepted_len
+        finally:
+            gc.enable()
+    return {label: (times[label], accepted[label]) for label in times}
+
+
+def make_row(label: str, spec: MethodSpec, trees: list[DraftTree], times_ms: np.ndarray, accepted: np.ndarray) -> Row:
+    target = TARGET_MS.get(spec.name) if label == spec.name else None
     median = float(np.median(times_ms))
     status = "n/a" if target is None else ("PASS" if median <= target else "FAIL")
     return Row(
-        rule=label or spec.name,
+        rule=label,
         draft=trees[0].scheme.value,
         nodes=float(np.mean([tree.num_nodes for tree in trees])),
         median_ms=median,
@@ -175,6 +189,7 @@ def time_rule(spec: MethodSpec, trees: list[DraftTree], repeats: int, warmup: in
 
 def format_table(rows: list[Row]) -> str:
     header = f"{'rule':<16} {'draft':<19} {'nodes':>5} {'median ms':>10} {'p90 ms':>8} {'mean tau':>8} {'target':>7}  status"
+    # median and p90 over interleaved repeats (rule order shuffled per repeat)
     lines = [header, "-" * len(header)]
     for row in rows:
         target = "-" if row.target_ms is None else f"{row.target_ms:g} ms"
@@ -219,39 +234,39 @@ def main(argv=None) -> int:
         f"trees={args.num_trees} seed={args.seed} noise={args.draft_noise} | python {platform.python_version()} "
         f"numpy {np.__version__} | {platform.machine()}"
     )
-    tree_cache: dict[tuple[str, bool], list[DraftTree]] = {}
     rows: list[Row] = []
     notes: list[str] = []
-    jobs = []  # (label, spec, draft kind)
+    jobs = []  # (label, spec, tree key = (draft kind, with SPRINTER accept probabilities))
     for name in names:
         spec = METHODS[name]
         if name in SKIPPED:
             notes.append(f"{name}: {SKIPPED[name]}")
             continue
-        jobs.append((name, spec, draft_kind(spec)))
+        jobs.append((name, spec, (draft_kind(spec), name == "sprinter")))
     if args.tree_variants:
         for name in names:
             spec = METHODS[name]
             if name not in SKIPPED and spec.draft == "paths" and spec.tree_scheme is not None:
-                jobs.append((f"{name}[tree]", spec, f"tree:{spec.tree_scheme.value}"))
-    for label, spec, kind in jobs:
-        key = (kind, spec.name == "sprinter")
-        if key not in tree_cache:
-            tree_cache.clear()  # one family in memory at a time (paths: ~26 MB per tree at V = 50k)
+                jobs.append((f"{name}[tree]", spec, (f"tree:{spec.tree_scheme.value}", False)))
+    trees_of: dict[tuple[str, bool], list[DraftTree]] = {}
+    for _, _, key in jobs:
+        if key not in trees_of:
             start = time.perf_counter()
-            tree_cache[key] = build_trees(kind, args, with_sprinter_probs=key[1])
-            print(f"  built {args.num_trees} '{kind}' trees in {time.perf_counter() - start:.1f} s", flush=True)
+            trees_of[key] = build_trees(key[0], args, with_sprinter_probs=key[1])
+            print(f"  built {args.num_trees} '{key[0]}' trees in {time.perf_counter() - start:.1f} s", flush=True)
+    runnable = []
+    for job in jobs:  # a rule that fails is reported in the table and left out of the timing
+        label, spec, key = job
         try:
-            row = time_rule(spec, tree_cache[key], args.repeats, args.warmup, label)
-        except Exception as error:  # keep timing the other rules; report the failure in the table
+            spec.verifier.verify(trees_of[key][0], SeededRng(0))
+            runnable.append(job)
+        except Exception as error:
             notes.append(f"{label}: ERROR {type(error).__name__}: {error}")
-            rows.append(Row(label, kind, float("nan"), *([float("nan")] * 5), TARGET_MS.get(spec.name), "ERROR"))
-            continue
-        if label != spec.name:
-            row.target_ms = None
-            row.status = "n/a"
-        rows.append(row)
-        print(f"  {label}: median {row.median_ms:.3f} ms", flush=True)
+            rows.append(Row(label, key[0], float("nan"), *([float("nan")] * 5), TARGET_MS.get(spec.name), "ERROR"))
+    timings = time_rules(runnable, trees_of, args.repeats, args.warmup, args.seed)
+    for label, spec, key in runnable:
+        rows.append(make_row(label, spec, trees_of[key], *timings[label]))
+    rows.sort(key=lambda row: [label for label, _, _ in jobs].index(row.rule))
     print()
     print(format_table(rows))
     for note in notes:

@@ -81,9 +81,21 @@ def test_duplicate_siblings_are_kept_as_separate_nodes():
     assert tree.child_with_token(0, 1) == 1  # the first in sampling order
 
 
+def _trie_arrays(num_nodes=5):
+    target = np.tile(UNIFORM, (num_nodes, 1))
+    draft = np.zeros((num_nodes, V))
+    draft[:3] = DRAFT
+    return target, draft
+
+
+# the trie of three i.i.d. paths of length 2: (2, 1), (0, 3), (2, 1)
+TRIE_TOKENS, TRIE_PARENTS, TRIE_PATHS = [-1, 2, 0, 1, 3], [-1, 0, 0, 1, 2], [(1, 3), (2, 4), (1, 3)]
+
+
 def test_raw_paths_are_kept_with_duplicates():
-    tree = _build(scheme=DraftScheme.IID_PATHS, paths=[(1, 3), (2,), (1, 3)])
-    assert tree.paths == ((1, 3), (2,), (1, 3))
+    target, draft = _trie_arrays()
+    tree = _build(TRIE_TOKENS, TRIE_PARENTS, target, draft, scheme=DraftScheme.IID_PATHS, paths=TRIE_PATHS)
+    assert tree.paths == ((1, 3), (2, 4), (1, 3))
     assert tree.num_paths == 3
 
 
@@ -293,3 +305,79 @@ def test_root_only_tree_is_built_or_refused_clearly():
     except VerispecError:
         return
     assert tree.num_nodes == 1
+
+
+# ----- the structure must match the scheme (issue 10 item 6) ------------------------------------
+
+
+def test_chain_label_on_a_branching_tree_is_refused():
+    with pytest.raises(InvalidDraftError, match=r"CHAIN branches at node 0 .*use scheme IID_PATHS"):
+        _build(scheme=DraftScheme.CHAIN)
+
+
+def test_chain_paths_must_be_the_whole_chain():
+    target, draft = np.tile(UNIFORM, (3, 1)), np.zeros((3, V))
+    draft[:2] = DRAFT
+    DraftTree.build([-1, 1, 2], [-1, 0, 1], target, draft, DraftScheme.CHAIN)  # no paths: fine
+    DraftTree.build([-1, 1, 2], [-1, 0, 1], target, draft, DraftScheme.CHAIN, paths=[(1, 2)])
+    with pytest.raises(InvalidDraftError, match=r"only path is the whole chain \(1, 2\)"):
+        DraftTree.build([-1, 1, 2], [-1, 0, 1], target, draft, DraftScheme.CHAIN, paths=[(1,)])
+    with pytest.raises(InvalidDraftError, match="only path is the whole chain"):
+        DraftTree.build([-1, 1, 2], [-1, 0, 1], target, draft, DraftScheme.CHAIN, paths=[(1, 2), (1, 2)])
+
+
+def test_iid_paths_without_raw_paths_is_refused():
+    target, draft = _trie_arrays()
+    with pytest.raises(InvalidDraftError, match=r"IID_PATHS has no raw paths.*pass paths="):
+        _build(TRIE_TOKENS, TRIE_PARENTS, target, draft, scheme=DraftScheme.IID_PATHS)
+
+
+@pytest.mark.parametrize(
+    "paths,message",
+    [
+        ([(1, 3), (2,)], "lengths \\[1, 2\\]"),  # unequal lengths
+        ([(1, 3), (1, 3)], "nodes on no path: \\[2, 4\\]"),  # node 2's branch is on no path
+        ([(1, 3), (2, 4), (1,)], "lengths"),
+    ],
+)
+def test_iid_paths_must_cover_the_trie_exactly(paths, message):
+    target, draft = _trie_arrays()
+    with pytest.raises(InvalidDraftError, match=message):
+        _build(TRIE_TOKENS, TRIE_PARENTS, target, draft, scheme=DraftScheme.IID_PATHS, paths=paths)
+
+
+def test_iid_paths_trie_children_are_distinct_tokens():
+    target, draft = _trie_arrays()
+    with pytest.raises(InvalidDraftError, match=r"node 0 with repeated child tokens \[2, 2\].*IID_TREE"):
+        _build([-1, 2, 2, 1, 3], TRIE_PARENTS, target, draft, scheme=DraftScheme.IID_PATHS, paths=[(1, 3), (2, 4)])
+
+
+def test_without_replacement_siblings_are_distinct_and_iid_tree_keeps_duplicates():
+    target, draft = np.tile(UNIFORM, (3, 1)), np.zeros((3, V))
+    draft[0] = DRAFT
+    DraftTree.build([-1, 1, 1], [-1, 0, 0], target, draft, DraftScheme.IID_TREE)
+    with pytest.raises(InvalidDraftError, match="WITHOUT_REPLACEMENT has node 0 with repeated child tokens"):
+        DraftTree.build([-1, 1, 1], [-1, 0, 0], target, draft, DraftScheme.WITHOUT_REPLACEMENT)
+
+
+def test_spechub_pairs_have_at_most_two_children_one_of_them_the_hub():
+    target, draft = np.tile(UNIFORM, (4, 1)), np.zeros((4, V))
+    draft[0] = DRAFT  # hub = token 0
+    DraftTree.build([-1, 2, 0], [-1, 0, 0], target[:3], draft[:3], DraftScheme.SPECHUB_PAIR)
+    with pytest.raises(InvalidDraftError, match="3 children; SpecHub nodes have 1 or 2"):
+        DraftTree.build([-1, 2, 0, 1], [-1, 0, 0, 0], target, draft, DraftScheme.SPECHUB_PAIR)
+    with pytest.raises(InvalidDraftError, match=r"pair \[2, 1\].*hub argmax q = 0"):
+        DraftTree.build([-1, 2, 1], [-1, 0, 0], target[:3], draft[:3], DraftScheme.SPECHUB_PAIR)
+
+
+@pytest.mark.parametrize("name", ["gmpbv", "spectr-gbv-star"])
+def test_greedy_rules_refuse_iid_paths_without_raw_paths_even_unvalidated(name):
+    """The engine builds trees with validate=False: the rules themselves must not fall back to
+    K = 1 (lossy, max |Δ| 0.08) when the raw paths are missing."""
+    from verispec.core.rng import SeededRng
+    from verispec.verify.registry import get_method
+
+    target, draft = _trie_arrays()
+    tree = _build(TRIE_TOKENS, TRIE_PARENTS, target, draft, scheme=DraftScheme.IID_PATHS, validate=False)
+    with pytest.raises(InvalidDraftError, match="without its raw paths.*paths="):
+        get_method(name).verifier.verify(tree, SeededRng(0))

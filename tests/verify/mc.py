@@ -105,3 +105,29 @@ def empirical_tv(counts: dict, probs: dict) -> float:
 def tv_noise_floor(probs: dict, n: int) -> float:
     """E[TV_emp] ≈ 1/2 sum_x sqrt(2 P(x) / (pi n)) for a correct sampler (§14.1 item 6)."""
     return 0.5 * sum(np.sqrt(2.0 * p / (np.pi * n)) for p in probs.values())
+
+
+def detectable_tv(n: int, num_cells: int, alpha: float, power: float = 0.99) -> float:
+    """Smallest TV (on the pooled cells) that the Pearson chi-square test with ``num_cells`` cells
+    rejects at level ``alpha`` with probability >= ``power`` from n samples, whatever the shape of
+    the error.
+
+    Under an alternative P1 the statistic is approximately noncentral chi-square with
+    df = num_cells - 1 and noncentrality lam = n Σ (P1 - P0)^2 / P0. By Cauchy-Schwarz,
+    (Σ |P1 - P0|)^2 <= Σ (P1 - P0)^2 / P0 · Σ P0, i.e. lam >= 4 n TV^2. So every alternative with
+    TV >= sqrt(lam* / (4 n)) is rejected with probability >= power, lam* solving
+    P(ncx2(df, lam*) > chi2.isf(alpha, df)) = power.
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import ncx2
+
+    df = num_cells - 1
+    critical = chi2.isf(alpha, df)
+    lam = brentq(lambda value: ncx2.sf(critical, df, value) - power, 1e-6, 1e7)
+    return float(np.sqrt(lam / (4.0 * n)))
+
+
+def pooled_cell_count(probs: dict, n: int, min_expected: float = 5.0) -> int:
+    """Number of cells ``chi_square_pvalue`` tests after pooling the small ones."""
+    expected = n * np.array([p for p in probs.values() if p > 0])
+    return int((expected >= min_expected).sum() + (expected < min_expected).any())

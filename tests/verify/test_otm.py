@@ -15,6 +15,7 @@ from verispec.models.toy import context_free_pair
 from verispec.theory.enumerate import block_law
 from verispec.verify.otm import (
     OTM,
+    OTMPlanCache,
     iid_joint,
     otm_iid_acceptance_closed_form,
     otm_plan,
@@ -32,7 +33,7 @@ def test_otm_test_vectors():
     iid = otm_plan(P_VEC, iid_joint(Q_VEC, 2))
     assert iid.acceptance == pytest.approx(0.85, abs=1e-9)
     assert otm_iid_acceptance_closed_form(P_VEC, Q_VEC, 2) == pytest.approx(0.85, abs=1e-12)
-    accepted, first = single_position_acceptance(OTM(), paths_sampler(2, 1), P_VEC, Q_VEC)
+    accepted, first = single_position_acceptance(OTM(plan_cache=OTMPlanCache()), paths_sampler(2, 1), P_VEC, Q_VEC)
     assert accepted == pytest.approx(0.85, abs=1e-9)
     assert [first.get(x, 0.0) for x in range(3)] == pytest.approx(list(P_VEC), abs=1e-12)
     assert otm_plan(P_VEC, without_replacement_joint(Q_VEC, 2)).acceptance == pytest.approx(1.0, abs=1e-9)
@@ -97,19 +98,19 @@ def test_orderings(vocab, k, seed):
 @pytest.mark.parametrize("vocab,length,num_drafts", [(3, 2, 1), (3, 2, 2), (3, 2, 3), (4, 2, 2), (3, 3, 2)])
 def test_otm_verifier_is_exact_per_block(vocab, length, num_drafts):
     target, draft = toy_pair(vocab, seed=vocab * 100 + length * 10 + num_drafts)
-    error, _ = block_error(OTM(), paths_sampler(num_drafts, length), target, draft, length + 1)
+    error, _ = block_error(OTM(plan_cache=OTMPlanCache()), paths_sampler(num_drafts, length), target, draft, length + 1)
     assert error < EXACT_TOLERANCE
 
 
 def test_identical_models_accept_everything():
     target, _ = toy_pair(3, seed=9)
-    law = block_law(OTM(), paths_sampler(2, 2), target, target)
+    law = block_law(OTM(plan_cache=OTMPlanCache()), paths_sampler(2, 2), target, target)
     assert law.expected_accepted_len == pytest.approx(2.0, abs=1e-9)
 
 
 def test_disjoint_supports_reject_everything_and_emit_the_target():
     target, draft = context_free_pair([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.4, 0.6])
-    law = block_law(OTM(), paths_sampler(2, 2), target, draft)
+    law = block_law(OTM(plan_cache=OTMPlanCache()), paths_sampler(2, 2), target, draft)
     assert law.expected_accepted_len == 0.0
     assert law.probs == pytest.approx({(0,): 0.5, (1,): 0.5}, abs=1e-12)
 
@@ -135,3 +136,23 @@ def test_otm_refuses_iid_trees():
     tree = skeleton.with_target([target(prefix) for prefix in skeleton.prefixes])
     with pytest.raises(UnsupportedDraftSchemeError, match="'otm'"):
         OTM().verify(tree, SeededRng(0))
+
+
+def test_otm_keeps_no_state_between_calls_unless_given_a_cache():
+    """The registry's shared OTM instance must not grow a process-wide cache (DESIGN.md §6):
+    without a cache argument nothing survives a call; a caller-owned cache is bounded and reused."""
+    from verispec.verify.registry import METHODS
+
+    target, draft = toy_pair(3, seed=5)
+    skeleton = paths_sampler(2, 2)(SeededRng(3), draft)
+    tree = skeleton.with_target([target(prefix) for prefix in skeleton.prefixes])
+    shared = METHODS["otm"].verifier
+    before = dict(vars(shared))
+    first = shared.verify(tree, SeededRng(9))
+    assert dict(vars(shared)) == before and shared.plan_cache is None
+    cache = OTMPlanCache(max_plans=2)
+    owned = OTM(plan_cache=cache)
+    assert owned.verify(tree, SeededRng(9)) == first  # same plans, same draws, same output
+    assert 1 <= len(cache) <= 2
+    with pytest.raises(ConfigError, match="max_plans >= 1"):
+        OTMPlanCache(0)

@@ -8,12 +8,11 @@ import pytest
 from tests.conftest import toy_pair
 from tests.verify.conftest import random_pair, single_position_acceptance
 from tests.verify.exact import EXACT_TOLERANCE, block_error, paths_sampler, tree_sampler
-from tests.verify.mc import chi_square_pvalue, mc_completed_counts
 from verispec.core.rng import SeededRng, enumerate_outcomes
 from verispec.core.tree import DraftScheme
 from verispec.errors import UnsupportedDraftSchemeError
 from verispec.models.toy import context_free_pair
-from verispec.theory.enumerate import block_law, target_law
+from verispec.theory.enumerate import block_law
 from verispec.verify.rrs import RRS, RRSDeduplicated, RRSw, recursive_rejection, rrs_acceptance
 from verispec.verify.sd import SpeculativeSampling
 
@@ -223,15 +222,4 @@ def test_wrong_scheme_is_refused(verifier, shape, scheme):
         verifier.verify(tree, SeededRng(0))
 
 
-# ----- Monte-Carlo ------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("verifier", [RRS(), RRSw()], ids=lambda v: v.name)
-def test_monte_carlo_chi_square_on_iid_paths(verifier):
-    """V = 6, L = 3, K = 4 i.i.d. paths (RRS: raw candidate list; RRSw: the trie's distinct
-    children), n = 30,000 completed samples; Pearson chi-square with cells of expected count < 5
-    pooled; rejects at p < 1e-3, a false-alarm rate of 1e-3 per test."""
-    target, draft = toy_pair(6, seed=65)
-    counts = mc_completed_counts(verifier, paths_sampler(4, 3), target, draft, 3, 30_000, seed=2025)
-    assert chi_square_pvalue(counts, target_law(target, 4)) > 1e-3
+# Monte-Carlo at K = 4 with a stated power: tests/verify/test_monte_carlo.py

@@ -20,14 +20,22 @@ ACCEPTS_EVERY_SCHEME = {"nss"}
 
 
 def _tree(scheme: DraftScheme) -> DraftTree:
-    """A small valid tree labelled ``scheme``: root -> (tokens 0, 1), node 1 -> token 2."""
-    target = np.tile([0.25, 0.25, 0.25, 0.25], (4, 1))
-    draft = np.zeros((4, 4))
+    """A small valid tree whose structure matches ``scheme`` (DraftTree.validate checks it):
+    a chain 0 -> 2 for CHAIN, the trie of the paths (0, 2), (1, 3) for IID_PATHS, else
+    root -> (tokens 0, 1), node 1 -> token 2."""
+    target = np.tile([0.25, 0.25, 0.25, 0.25], (5, 1))
+    draft = np.zeros((5, 4))
     draft[0] = [0.4, 0.3, 0.2, 0.1]
-    draft[1] = [0.1, 0.2, 0.3, 0.4]
-    paths = [(1, 3), (2,)] if scheme in (DraftScheme.IID_PATHS, DraftScheme.CHAIN) else []
+    draft[1] = draft[2] = [0.1, 0.2, 0.3, 0.4]
+    if scheme is DraftScheme.CHAIN:
+        tokens, parents, paths = [-1, 0, 2], [-1, 0, 1], [(1, 2)]
+    elif scheme is DraftScheme.IID_PATHS:
+        tokens, parents, paths = [-1, 0, 1, 2, 3], [-1, 0, 0, 1, 2], [(1, 3), (2, 4)]
+    else:
+        tokens, parents, paths = [-1, 0, 1, 2], [-1, 0, 0, 1], []
+    n = len(tokens)
     return DraftTree.build(
-        [-1, 0, 1, 2], [-1, 0, 0, 1], target, draft, scheme, paths=paths, verifier_accept_probs=np.full(4, 0.5)
+        tokens, parents, target[:n], draft[:n], scheme, paths=paths, verifier_accept_probs=np.full(n, 0.5)
     )
 
 

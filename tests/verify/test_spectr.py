@@ -8,12 +8,11 @@ import pytest
 from tests.conftest import toy_pair
 from tests.verify.conftest import random_pair, single_position_acceptance
 from tests.verify.exact import EXACT_TOLERANCE, block_error, paths_sampler, tree_sampler
-from tests.verify.mc import chi_square_pvalue, mc_completed_counts
 from verispec.core.rng import SeededRng, enumerate_outcomes
 from verispec.core.tree import DraftScheme
 from verispec.errors import UnsupportedDraftSchemeError
 from verispec.models.toy import context_free_pair
-from verispec.theory.enumerate import block_law, target_law
+from verispec.theory.enumerate import block_law
 from verispec.verify.sd import SpeculativeSampling
 from verispec.verify.spectr import (
     SpecTr,
@@ -181,13 +180,4 @@ def test_spectr_refuses_trees_that_are_not_iid_paths():
         SpecTr().verify(tree, SeededRng(0))
 
 
-# ----- Monte-Carlo ------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_spectr_monte_carlo_chi_square():
-    """V = 6, L = 3, K = 4, n = 30,000 completed samples; Pearson chi-square with cells of
-    expected count < 5 pooled; rejects at p < 1e-3, i.e. a false-alarm rate of 1e-3 per run."""
-    target, draft = toy_pair(6, seed=64)
-    counts = mc_completed_counts(SpecTr(), paths_sampler(4, 3), target, draft, 3, 30_000, seed=2024)
-    assert chi_square_pvalue(counts, target_law(target, 4)) > 1e-3
+# Monte-Carlo at K = 4 with a stated power: tests/verify/test_monte_carlo.py

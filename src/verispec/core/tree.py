@@ -187,3 +187,73 @@ class DraftTree:
                     raise InvalidDraftError(f"raw path {path} is not a root-to-node path of the tree")
         if self.verifier_accept_probs is not None and self.verifier_accept_probs.shape != (n,):
             raise InvalidDraftError("verifier_accept_probs needs one entry per node")
+        self._validate_scheme_structure()
+
+    def _validate_scheme_structure(self) -> None:
+        """The shape of the tree must be one its scheme can draw (ALGORITHMS.md §1, §8, §9, §13):
+        a mislabelled tree makes exact rules lossy without any error (issue 10 item 6)."""
+        scheme, kids = self.scheme, self.children
+        label = f"a tree labelled {scheme.name}"
+        if scheme in (DraftScheme.CHAIN, DraftScheme.IID_PATHS, DraftScheme.WITHOUT_REPLACEMENT):
+            # trie children / without-replacement draws are distinct tokens by construction
+            for node, children in enumerate(kids):
+                tokens = [int(self.tokens[c]) for c in children]
+                if len(set(tokens)) != len(tokens):
+                    raise InvalidDraftError(
+                        f"{label} has node {node} with repeated child tokens {tokens}; its children must be "
+                        "distinct tokens (merge i.i.d. paths into their trie, or use scheme IID_TREE for i.i.d. "
+                        "children with duplicates kept)"
+                    )
+        if scheme is DraftScheme.CHAIN:
+            branching = [node for node, children in enumerate(kids) if len(children) > 1]
+            if branching:
+                raise InvalidDraftError(
+                    f"{label} branches at node {branching[0]} ({len(kids[branching[0]])} children); a chain is one "
+                    "path: use scheme IID_PATHS with the raw paths for K i.i.d. paths, or a tree scheme"
+                )
+            whole = tuple(range(1, self.num_nodes))
+            if self.paths and self.paths != (whole,):
+                raise InvalidDraftError(
+                    f"{label} carries raw paths {list(self.paths)}; a chain's only path is the whole chain {whole} "
+                    "(omit paths, or build it with DraftTree.chain)"
+                )
+        elif scheme is DraftScheme.IID_PATHS:
+            self._validate_iid_paths(label)
+        elif scheme is DraftScheme.SPECHUB_PAIR:
+            for node, children in enumerate(kids):
+                if len(children) > 2:
+                    raise InvalidDraftError(
+                        f"{label} has node {node} with {len(children)} children; SpecHub nodes have 1 or 2 "
+                        "(draw them with sample_tree(..., DraftScheme.SPECHUB_PAIR))"
+                    )
+                if len(children) == 2:
+                    pair = [int(self.tokens[c]) for c in children]
+                    hub = int(np.argmax(self.draft_probs[node]))  # §9.1: argmax q, lowest id on ties
+                    if pair[0] == pair[1] or hub not in pair:
+                        raise InvalidDraftError(
+                            f"{label} has node {node} with the pair {pair}, which SpecHub's joint never draws: a pair "
+                            f"holds two distinct tokens, one of them the hub argmax q = {hub} (§9.1)"
+                        )
+
+    def _validate_iid_paths(self, label: str) -> None:
+        """K >= 1 raw paths of one length whose trie is exactly this tree (§13, tries of i.i.d. paths)."""
+        if not self.paths:
+            raise InvalidDraftError(
+                f"{label} has no raw paths: the i.i.d.-path rules need the K drafted paths (duplicates kept) to "
+                "know K; pass paths=... (verispec.draft.sample_iid_paths returns them)"
+            )
+        lengths = {len(path) for path in self.paths}
+        if len(lengths) != 1 or 0 in lengths:
+            raise InvalidDraftError(
+                f"{label} has raw paths of lengths {sorted(lengths)}; K i.i.d. paths all have the same length L >= 1"
+            )
+        on_a_path = {node for path in self.paths for node in path}
+        ends = {path[-1] for path in self.paths}
+        leaves = {node for node in range(1, self.num_nodes) if not self.children[node]}
+        uncovered = sorted(set(range(1, self.num_nodes)) - on_a_path)
+        if uncovered or leaves != ends:
+            raise InvalidDraftError(
+                f"{label} is not the trie of its raw paths (nodes on no path: {uncovered[:5]}, leaves that end no "
+                f"path: {sorted(leaves - ends)[:5]}, paths ending inside the tree: {sorted(ends - leaves)[:5]}); "
+                "build the tree from the paths, or label it with the scheme that drew it"
+            )

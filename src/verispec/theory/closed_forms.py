@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from verispec.verify.gmpbv import below_mass_all, skewed_mass
+from verispec.verify.greedy_selection import below_mass_all, skewed_mass
 from verispec.verify.otm import otm_iid_acceptance_closed_form, otm_plan  # noqa: F401  (re-exported)
 from verispec.verify.rrs import rrs_acceptance  # noqa: F401
 from verispec.verify.spechub import spechub_acceptance  # noqa: F401

@@ -21,24 +21,33 @@ from typing import Protocol
 import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD, safe_log
+from verispec.verify.greedy_selection import below_mass, below_mass_all, skewed_mass
+
+
+# Largest |log factor| applied as one float multiplication; beyond it the factor itself would
+# overflow / underflow although the product may not, so the product is formed in log space.
+_LINEAR_LOG_RANGE = 700.0
 
 
 class DraftJoint(Protocol):
-    """The draft-side joint probability Qd(z, .) of a window, as a function of the prefix z."""
+    """The draft-side joint probability Qd(z, .) of a window, as a function of the prefix z, kept
+    as (vector, log scale) so that joints far below 1e-308 stay representable (§1 rule 2)."""
 
-    def next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> np.ndarray: ...
+    def scaled_next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> tuple[np.ndarray, float]:
+        """(vector (V,), log_scale) with Qd(z, x) = vector[x] * exp(log_scale)."""
+        ...
 
     def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "DraftJoint": ...
 
 
 @dataclass(frozen=True)
 class PlainDraftJoint:
-    """Qd(z) = Q(z) = prod of q along z (GBV-mod, literal SpecTr-GBV)."""
+    """Qd(z) = Q(z) = prod of q along z (GBV-mod, literal SpecTr-GBV); ``log_mass`` = log Q(z)."""
 
     log_mass: float
 
-    def next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> np.ndarray:
-        return math.exp(self.log_mass) * draft if self.log_mass > -math.inf else np.zeros_like(draft)
+    def scaled_next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> tuple[np.ndarray, float]:
+        return draft, self.log_mass
 
     def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "PlainDraftJoint":
         return PlainDraftJoint(self.log_mass + safe_log(draft[token]))
@@ -47,26 +56,37 @@ class PlainDraftJoint:
 @dataclass(frozen=True)
 class SkewedDraftJoint:
     """Qd(z) = Q̃(z) = (C(z) + Q(z))^K - C(z)^K, the law of the greedy multi-path selection of K
-    i.i.d. drafts (ALGORITHMS.md §7.2); ``below`` is C(z), ``mass`` is Q(z)."""
+    i.i.d. drafts (ALGORITHMS.md §7.2). C(z) = below * exp(log_scale), Q(z) = mass * exp(log_scale):
+    ``advance`` rescales so that max(below, mass) = 1, so deep windows never underflow."""
 
     below: float
     mass: float
     num_drafts: int
+    log_scale: float = 0.0
 
-    def next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> np.ndarray:
-        from verispec.verify.gmpbv import below_mass_all, skewed_mass
-
+    def scaled_next_joint(self, base_target: np.ndarray, draft: np.ndarray) -> tuple[np.ndarray, float]:
         lower = self.below + self.mass * below_mass_all(base_target, draft)
-        return skewed_mass(lower, self.mass * draft, self.num_drafts)
+        return skewed_mass(lower, self.mass * draft, self.num_drafts), self.num_drafts * self.log_scale
 
     def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "SkewedDraftJoint":
-        from verispec.verify.gmpbv import below_mass
+        below = self.below + self.mass * below_mass(base_target, draft, token)
+        mass = self.mass * float(draft[token])
+        scale = max(below, mass)
+        if not scale > 0.0:  # C = Q = 0: the prefix has no draft mass, Q̃ = 0 from here on
+            return SkewedDraftJoint(0.0, 0.0, self.num_drafts, self.log_scale)
+        return SkewedDraftJoint(below / scale, mass / scale, self.num_drafts, self.log_scale + math.log(scale))
 
-        return SkewedDraftJoint(
-            self.below + self.mass * below_mass(base_target, draft, token),
-            self.mass * float(draft[token]),
-            self.num_drafts,
-        )
+
+def scaled_to_linear(vector: np.ndarray, log_factor: float) -> np.ndarray:
+    """vector * exp(log_factor), shape (V,), without overflow/underflow of exp(log_factor) itself:
+    one multiplication when the factor is representable, else entry by entry in log space
+    (entries beyond float range become inf or 0, as their exact values round)."""
+    if log_factor == -math.inf:
+        return np.zeros_like(vector)
+    if abs(log_factor) <= _LINEAR_LOG_RANGE:
+        return vector * math.exp(log_factor)
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.exp(np.log(vector) + log_factor)
 
 
 @dataclass(frozen=True)
@@ -90,7 +110,8 @@ class ModificationWindow:
         if self.log_target_joint == -math.inf:
             return base_target, True
         target_joint = base_target  # divided by P(z): normalisation makes the scale irrelevant
-        draft_joint = self.draft_joint.next_joint(base_target, draft) * math.exp(-self.log_target_joint)
+        vector, log_scale = self.draft_joint.scaled_next_joint(base_target, draft)
+        draft_joint = scaled_to_linear(vector, log_scale - self.log_target_joint)  # Qd(z, .) / P(z)
         weights = np.maximum(target_joint - draft_joint, 0.0)
         if self.power > 1:
             with np.errstate(divide="ignore", invalid="ignore"):

@@ -205,40 +205,57 @@ def otm_iid_acceptance_closed_form(target: np.ndarray, draft: np.ndarray, k: int
     return float(np.min(subsets @ target + 1.0 - (subsets @ draft) ** int(k)))
 
 
+class OTMPlanCache:
+    """A bounded LRU of OTM plans keyed by the node's (p, q, k), owned by the caller that passes it
+    to ``OTM(plan_cache=...)``, e.g. an exact enumeration that re-verifies the same nodes
+    thousands of times. Holds no more than ``max_plans`` plans."""
+
+    def __init__(self, max_plans: int = 4096) -> None:
+        if max_plans < 1:
+            raise ConfigError(f"an OTM plan cache needs max_plans >= 1, got {max_plans}")
+        self.max_plans = max_plans
+        self._plans: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def get_or_solve(self, target: np.ndarray, draft: np.ndarray, k: int) -> "OTMPlan":
+        key = (target.tobytes(), draft.tobytes(), int(k))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = otm_plan(target, iid_joint(draft, k))
+            self._plans[key] = plan
+            if len(self._plans) > self.max_plans:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+
 class OTM(Verifier):
     """Per-position OTM (§10) top-down over K i.i.d. paths; exponential reference (V^K <= 20,000).
 
-    Plans are cached per (p, q, k) node (an LRU of ``cache_size`` entries), so the exact harness
-    solves each node's LP once.
+    No state is carried between calls by default: plans are cached for one ``verify`` call only
+    (the registry's shared instance must not grow a process-wide cache, DESIGN.md §6). A caller
+    that verifies the same nodes many times passes its own ``OTMPlanCache``, whose lifetime it
+    controls (the exact tests do: each node's LP is then solved once per enumeration).
     """
 
     name = "otm"
     section = "§10"
     lossless = True
     supported_schemes = frozenset({DraftScheme.CHAIN, DraftScheme.IID_PATHS})
-    cache_size = 4096
 
-    def __init__(self) -> None:
-        self._plans: OrderedDict = OrderedDict()
-
-    def plan_for(self, target: np.ndarray, draft: np.ndarray, k: int) -> OTMPlan:
-        key = (target.tobytes(), draft.tobytes(), int(k))
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = otm_plan(target, iid_joint(draft, k))
-            self._plans[key] = plan
-            if len(self._plans) > self.cache_size:
-                self._plans.popitem(last=False)
-        else:
-            self._plans.move_to_end(key)
-        return plan
-
-    def _node_rule(self, rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence[int]):
-        plan = self.plan_for(target, draft, len(tokens))
-        return otm_step(rng, plan, tokens)
+    def __init__(self, plan_cache: OTMPlanCache | None = None) -> None:
+        self.plan_cache = plan_cache
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
-        return top_down(tree, rng, self._node_rule, raw_paths=True)
+        cache = self.plan_cache if self.plan_cache is not None else OTMPlanCache(max(tree.num_nodes, 1))
+
+        def node_rule(rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence[int]):
+            return otm_step(rng, cache.get_or_solve(target, draft, len(tokens)), tokens)
+
+        return top_down(tree, rng, node_rule, raw_paths=True)
 
 
 def otm_step(rng: Rng, plan: OTMPlan, drafted: Sequence[int]) -> tuple[int | None, np.ndarray | None, int]:

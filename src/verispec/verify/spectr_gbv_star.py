@@ -10,13 +10,12 @@ Lossless with the modification; K = 1 is GBV-mod.
 
 from __future__ import annotations
 
-
 from verispec.core.probs import safe_log
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
 from verispec.verify.gbv_mod import greedy_block_verify_path
-from verispec.verify.gmpbv import SkewedPathLaw, select_greedy_path
+from verispec.verify.greedy_selection import SkewedPathLaw, num_iid_drafts, select_greedy_path
 from verispec.verify.modification import ModificationWindow, SkewedDraftJoint
 
 
@@ -28,10 +27,10 @@ class SpecTrGBVStar(Verifier):
     supported_schemes = frozenset({DraftScheme.CHAIN, DraftScheme.IID_PATHS})
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
+        num_drafts = num_iid_drafts(tree)
         path = select_greedy_path(tree)
         rows, target_rows, draft_rows = path_rows(tree, path)
         tokens = tree.tokens[list(path)]
-        num_drafts = max(tree.num_paths, 1)
         law = SkewedPathLaw(target_rows, draft_rows, tokens, num_drafts)
         tau, dist, guard = greedy_block_verify_path(rng, target_rows, law, tokens, law.token_probs)
         next_token = rng.categorical(dist)

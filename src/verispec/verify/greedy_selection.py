@@ -1,0 +1,187 @@
+"""The greedy multi-path local order, path selection and skewed draft law (ALGORITHMS.md §7.1-7.2),
+shared by GMPBV (§7), SpecTr-GBV★ (§6.3), their target modification (``modification.py``) and the
+closed forms (``theory.closed_forms``).
+
+One definition of the local order at a prefix z, used by the selection AND by the law, so the two
+cannot disagree (a selection that breaks ties one way and a law that breaks them the other way is
+lossy, ALGORITHMS.md §7.1 / issue 10):
+
+    token a is ranked below token b  iff  (r(a), a) < (r(b), b)  lexicographically,
+    with r(x) = p(x|z) / q(x|z) as a float64 quotient and r(x) = +inf where q(x|z) = 0,
+
+i.e. ratio ascending, exact ties broken by the LOWER token id ranking lower. ``local_ratios`` and
+``order_key`` are the definition; every other function here derives from them. Tokens with
+q(x|z) = 0 carry no draft mass, so where they sit never changes the law.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.errors import InvalidDraftError
+
+
+# ----- the local order (the one definition) ---------------------------------------------------
+def local_ratios(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """r(x) = p(x)/q(x) for every token, shape (V,), with r = +inf where q = 0 (§7.1)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(draft > 0.0, target / draft, np.inf)
+
+
+def order_key(ratios: np.ndarray, index: int, token: int) -> tuple[float, int]:
+    """Sort key in the local order of ``token``, whose ratio is ``ratios[index]``: larger key =
+    ranked higher (§7.1)."""
+    return (float(ratios[index]), int(token))
+
+
+def ranked_below(ratios: np.ndarray, token: int) -> np.ndarray:
+    """Boolean mask (V,) of the tokens whose ``order_key`` is smaller than ``token``'s."""
+    ratio = ratios[token]
+    mask = ratios < ratio
+    mask[:token] |= ratios[:token] == ratio  # equal ratio and a lower id: ranked below
+    return mask
+
+
+def local_order(ratios: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """Indices into ``token_ids`` sorting those tokens by ``order_key`` ascending (lowest rank
+    first); ``ratios`` are their ratios, same length."""
+    return np.lexsort((token_ids, ratios))
+
+
+# ----- cumulative draft mass below a token ------------------------------------------------------
+def below_mass(target: np.ndarray, draft: np.ndarray, token: int) -> float:
+    """Σ q(y) over the tokens y ranked below ``token`` in the local order. O(V), no sort.
+
+    Uses the bare quotient p/q, which equals ``local_ratios`` wherever q > 0 (q = 0 gives inf or
+    NaN here, but such tokens add q = 0 to the sum whichever side they fall on): one pass less
+    over the vocabulary on the hot path (called once per position of the selected path)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = target / draft
+    if draft[token] <= 0.0:
+        ratios[token] = np.inf
+    return float(draft @ ranked_below(ratios, token))
+
+
+def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """``below_mass`` for every token at once, shape (V,).
+
+    Only tokens with 0 < r < inf need a sort: tokens with p = 0 (r = 0) sit at the bottom in id
+    order (a cumulative sum, the same order as ``local_order``), and tokens with q = 0 carry no
+    draft mass, so their own value is never used with a positive weight. This keeps the cost low
+    after top-k / top-p truncation.
+    """
+    vocab = len(draft)
+    below = np.empty(vocab)
+    zero_ratio = (target == 0) & (draft > 0)
+    bottom = 0.0
+    if zero_ratio.any():  # dense (untruncated) distributions have none: skip the pass
+        zero_mass = np.where(zero_ratio, draft, 0.0)
+        cumulative = np.cumsum(zero_mass)
+        below[zero_ratio] = (cumulative - zero_mass)[zero_ratio]
+        bottom = float(cumulative[-1])
+    middle = np.flatnonzero((target > 0) & (draft > 0))
+    ratios = target[middle] / draft[middle]
+    order = np.argsort(ratios)
+    ranked_ratios = ratios[order]
+    if np.any(ranked_ratios[1:] == ranked_ratios[:-1]):  # exact ties: the full key (ratio, id)
+        order = local_order(ratios, middle)
+    ranked = middle[order]
+    ranked_mass = draft[ranked]
+    below[ranked] = bottom + np.cumsum(ranked_mass) - ranked_mass
+    below[draft <= 0] = bottom + float(ranked_mass.sum())
+    return below
+
+
+def skewed_mass(lower, added, num_drafts: int):
+    """(lower + added)^K - lower^K without cancellation (§7.2 numerics); arrays broadcast.
+
+    Written as added * sum_{j<K} (lower + added)^j lower^(K-1-j): every term is >= 0, so there
+    is no cancellation and no transcendental function."""
+    lower = np.asarray(lower, dtype=np.float64)
+    added = np.asarray(added, dtype=np.float64)
+    upper = lower + added
+    # Horner in upper: sum_{j<K} upper^j lower^(K-1-j) = ((upper + lower) upper + lower^2) upper + ...
+    total = np.ones(np.broadcast(lower, added).shape)
+    lower_power = np.ones_like(total)
+    for _ in range(num_drafts - 1):
+        lower_power *= lower
+        total *= upper
+        total += lower_power
+    return added * total
+
+
+# ----- selection --------------------------------------------------------------------------------
+def num_iid_drafts(tree: DraftTree) -> int:
+    """K, the number of i.i.d. drafted paths the skewed law is taken over.
+
+    A CHAIN is K = 1. An IID_PATHS trie MUST carry its raw paths (duplicates kept): the law of
+    the selected path depends on K, and guessing K = 1 is lossy (issue 10, item 6)."""
+    if tree.scheme is DraftScheme.IID_PATHS:
+        if tree.num_paths < 1:
+            raise InvalidDraftError(
+                "an IID_PATHS tree without its raw paths: greedy multi-path selection needs K, the number "
+                "of i.i.d. drafts; build the tree with paths=... (verispec.draft.sample_iid_paths does)"
+            )
+        return tree.num_paths
+    return 1
+
+
+def greedy_child(tree: DraftTree, node: int) -> int:
+    """The child of ``node`` whose token ranks highest in the local order at ``node`` (§7.1).
+    Only the children's ratios are computed (O(children), not O(V))."""
+    children = tree.children[node]
+    tokens = tree.tokens[list(children)]
+    ratios = local_ratios(tree.target_probs[node][tokens], tree.draft_probs[node][tokens])
+    best = max(range(len(children)), key=lambda i: order_key(ratios, i, int(tokens[i])))
+    return children[best]
+
+
+def select_greedy_path(tree: DraftTree) -> tuple[int, ...]:
+    """§7.1: from the root, repeatedly move to the highest-ranked child; node indices, root excluded."""
+    path, node = [], ROOT
+    while tree.children[node]:
+        node = greedy_child(tree, node)
+        path.append(node)
+    return tuple(path)
+
+
+# ----- the skewed law of the selected path ------------------------------------------------------
+class SkewedPathLaw:
+    """q̃ along a selected path s_1..s_L (§7.2).
+
+    Shapes: ``target_rows`` / ``draft_rows`` indexable by position 0..L-1, each (V,); ``tokens`` (L,).
+    ``below[i]`` = C(s_{1:i}), ``mass[i]`` = Q(s_{1:i}), ``joint[i]`` = Q̃(s_{1:i}) for i = 0..L;
+    ``token_probs`` (L,) = q̃(s_{i+1} | s_{1:i}); ``joint_row(i)`` (V,) = Q̃(s_{1:i}, .) before
+    normalisation, which sums to ``joint[i]`` exactly in real arithmetic (the §14.5 item 5 check);
+    ``self[i]`` = q̃(. | s_{1:i}) = joint_row(i) / joint[i], built on first use (one sort)."""
+
+    def __init__(self, target_rows, draft_rows, tokens: np.ndarray, num_drafts: int):
+        if num_drafts < 1:
+            raise ValueError(f"the skewed law needs K >= 1 drafts, got {num_drafts}")
+        self.target_rows, self.draft_rows, self.num_drafts = target_rows, draft_rows, num_drafts
+        length = len(tokens)
+        self.below = np.zeros(length + 1)  # C(s_{1:i})
+        self.mass = np.ones(length + 1)  # Q(s_{1:i})
+        for i, token in enumerate(tokens):
+            self.below[i + 1] = self.below[i] + self.mass[i] * below_mass(target_rows[i], draft_rows[i], token)
+            self.mass[i + 1] = self.mass[i] * draft_rows[i][token]
+        self.joint = skewed_mass(self.below, self.mass, num_drafts)  # Q̃(s_{1:i}), i = 0..L
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 only on paths no draft reaches
+            self.token_probs = self.joint[1:] / self.joint[:-1]
+        self._rows: dict[int, np.ndarray] = {}
+
+    def joint_row(self, position: int) -> np.ndarray:
+        """Q̃(s_{1:position}, x) for every x, shape (V,), not normalised."""
+        target, draft = self.target_rows[position], self.draft_rows[position]
+        lower = self.below[position] + self.mass[position] * below_mass_all(target, draft)
+        return skewed_mass(lower, self.mass[position] * draft, self.num_drafts)
+
+    def __getitem__(self, position: int) -> np.ndarray:
+        if position not in self._rows:
+            row = self.joint_row(position)
+            # divide by Q̃(z) as defined, not by the row's own sum (which would hide a wrong C(z)
+            # or a wrong order); the row's sum differs from it only by rounding
+            scale = self.joint[position]
+            self._rows[position] = row / (scale if scale > 0.0 else row.sum())
+        return self._rows[position]
