@@ -364,6 +364,8 @@ class SpeculativeDecoder(TextDecoding):
         self.target.reset(prompt_ids)
         if self.drafter is not None:
             self.drafter.reset(prompt_ids)
+            if hasattr(self.drafter, "calibrate"):
+                self.drafter.calibrate(self.target)
         prefill_seconds = time.perf_counter() - start
         generated: list[int] = []
         steps: list[StepStats] = []

@@ -16,7 +16,7 @@ import numpy as np
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
 from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CostCurve, adjacency_bucket, copy_bucket, grow_tree
 from verispec.errors import ConfigError
-from verispec.models.token_tree import AdjacencyTable, SuffixIndex
+from verispec.models.token_tree import AdjacencyTable, SuffixIndex, measure_cost_curve
 from verispec.models.ngram import NGramDraft
 
 
@@ -140,7 +140,8 @@ class TokenTreeDrafter:
     * copies: continuations of the longest suffix matches of the context anywhere in the prompt
       and the generated text (``SuffixIndex``), up to ``copy_matches`` distinct continuations.
     ``draft.tree_policy`` grows the tree best first from running acceptance estimates and keeps
-    the size that maximises expected tokens per unit of forward cost (``cost``); with no useful
+    the size that maximises expected tokens per unit of forward cost (``cost``: a ``CostCurve``,
+    or None to measure the target's at the first prompt, ``calibrate``); with no useful
     candidate the tree is the root alone. The tree has no sampling law q (DraftScheme.DETERMINISTIC):
     verify it with a q-free rule (``qfree``). The adjacency table persists across ``reset``: it
     describes the target, not one prompt (pass ``adjacency`` to share one between drafters).
@@ -165,7 +166,7 @@ class TokenTreeDrafter:
         self.max_nodes = int(max_nodes)
         self.max_depth = int(max_depth)
         self.copy_matches = int(copy_matches)
-        self.cost = cost if cost is not None else CostCurve()
+        self.cost = cost  # None: measured on the target at the first ``calibrate``
         self.adjacency = adjacency if adjacency is not None else AdjacencyTable(vocab_size, k)
         if self.adjacency.vocab_size != self.vocab_size:
             raise ConfigError(f"adjacency table has {self.adjacency.vocab_size} tokens, the draft {self.vocab_size}")
@@ -175,6 +176,12 @@ class TokenTreeDrafter:
 
     def reset(self, prompt_ids):
         self.index.reset(prompt_ids)
+
+    def calibrate(self, target) -> None:
+        """Measure the target's cost curve once (``models.token_tree.measure_cost_curve``) unless
+        one was given; called by the decoder after the prompt's prefill."""
+        if self.cost is None:
+            self.cost = measure_cost_curve(target)
 
     # ----- one round ----------------------------------------------------------------------
     def propose(self):
