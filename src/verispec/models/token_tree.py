@@ -36,7 +36,7 @@ class AdjacencyTable:
         if k < 1:
             raise ConfigError(f"the adjacency table needs k >= 1 candidates per token, got {k}")
         self.vocab_size = int(vocab_size)
-        self.k = int(k)
+        self.k = min(int(k), self.vocab_size)  # a tiny vocabulary has fewer than k tokens
         self.next_tokens = np.full((self.vocab_size, self.k), EMPTY, dtype=np.int32)
         self.next_probs = np.zeros((self.vocab_size, self.k), dtype=np.float16)
 
