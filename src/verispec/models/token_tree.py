@@ -107,7 +107,8 @@ class SuffixIndex:
 
     def matches(self, limit: int = 3) -> list[CopyMatch]:
         """Up to ``limit`` earlier occurrences of the context's suffix whose continuations start
-        with distinct tokens, longest match first (most recent first among equals)."""
+        with distinct tokens, longest match first (most recent first among equals). Occurrences
+        of the last bigram are examined when there are any, else those of the last token."""
         context = self.context
         length = len(context)
         if length < 2:
