@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
-from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CostCurve, adjacency_bucket, copy_bucket, grow_tree
+from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, adjacency_bucket, copy_bucket, grow_tree
 from verispec.errors import ConfigError
 from verispec.models.token_tree import AdjacencyTable, SuffixIndex, measure_cost_curve
 from verispec.models.ngram import NGramDraft
