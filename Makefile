@@ -29,7 +29,7 @@ $(VENV)/.gemma-installed: $(VENV)/.installed
 	touch $@
 
 demo: setup
-	$(VENV)/bin/verispec demo --method sd -K 1 -L 4 --prompts 3 --max-new-tokens 64 --temperature 0 --dtype bf16
+	$(VENV)/bin/verispec demo --prompts 3 --max-new-tokens 64 --temperature 0
 
 audit: setup
 	$(VENV)/bin/verispec audit

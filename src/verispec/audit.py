@@ -58,6 +58,7 @@ TREE_SETTINGS = {
     "rrsw": [AuditSetting(4, 2, 2, 20, (2, 2))],
     "traversal": [AuditSetting(4, 2, 2, 20, (2, 2))],
     "nss": [AuditSetting(4, 2, 2, 20, (2, 2))],
+    "qfree": [AuditSetting(4, 3, 3, 20, (3, 2, 1)), AuditSetting(3, 3, 2, 25, (1, 2, 2))],
 }
 
 

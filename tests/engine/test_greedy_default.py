@@ -30,6 +30,8 @@ def default_target():
 
 def _shape(name):
     spec = METHODS[name]
+    if spec.tree_scheme is not None and spec.tree_scheme.value == "deterministic":  # qfree: top-q token tree
+        return dict(tree=[2, 2, 1])
     if spec.draft == "chain":
         return dict(num_drafts=1, draft_len=4)
     if spec.draft == "tree":

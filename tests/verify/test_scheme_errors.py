@@ -16,7 +16,7 @@ ALL_SPECS = {**METHODS, **NEGATIVE_CONTROLS}
 
 # Rules that are exact on every scheme, so there is nothing for them to refuse: NSS emits exact
 # target draws whatever the tree (ALGORITHMS.md §13).
-ACCEPTS_EVERY_SCHEME = {"nss"}
+ACCEPTS_EVERY_SCHEME = {"nss", "qfree"}
 
 
 def _tree(scheme: DraftScheme) -> DraftTree:

@@ -27,7 +27,7 @@ from verispec.models import check_backend
 from verispec.verify.registry import get_method
 
 BASELINE = "ar"
-DTYPES = ("fp32", "bf16", "fp16")
+DTYPES = ("auto", "fp32", "bf16", "fp16")  # auto: models.default.fast_dtype_name
 
 # Alternative spellings accepted in config files, mapped to the field name.
 ALIASES = {
@@ -48,7 +48,7 @@ ALIASES = {
 class BenchConfig:
     """One sweep. ``methods`` excludes the baseline 'ar', which always runs."""
 
-    methods: list[str] = field(default_factory=lambda: ["sd"])
+    methods: list[str] = field(default_factory=lambda: ["qfree"])  # target-aware token trees (issue 12)
     dataset: list[str] = field(default_factory=lambda: [HUMANEVAL])
     limit: int | None = 10
     K: list[int] = field(default_factory=lambda: [1])
@@ -59,7 +59,7 @@ class BenchConfig:
     out: str = "bench_out"
     target: str | None = None
     draft: str | None = None
-    dtype: str = "fp32"
+    dtype: str = "auto"
     device: str = "cpu"
     backend: str = "auto"  # model forward of the adapters: auto | native | transformers (models.hf)
     threads: int | None = None  # torch CPU threads (None: torch's default)

@@ -22,8 +22,10 @@ from verispec.bench.config import BenchConfig
 from verispec.bench.datasets import Dataset, load_dataset
 from verispec.bench.metrics import BASELINE, PromptRecord, SummaryRow, config_label, summarize
 from verispec.bench.replay import TREES_DIR, TreeRecorder
+from verispec.core.tree import DraftScheme
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
+from verispec.models.default import fast_dtype_name
 from verispec.verify.registry import get_method
 
 WARMUP_TOKENS = 4
@@ -102,11 +104,18 @@ class Sweep:
     def _decoder(self, method: str, num_drafts: int = 1, draft_len: int = 1, temperature: float = 0.0, callback=None):
         config = self.config
         return SpeculativeDecoder(
-            self.target, None if method == BASELINE else self.draft, tokenizer=self.tokenizer,
+            self.target, None if method == BASELINE else self._draft_for(method), tokenizer=self.tokenizer,
             method=method, num_drafts=num_drafts, draft_len=draft_len, temperature=temperature,
             top_k=config.top_k, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
             eos_token_id=self.eos_ids, step_callback=callback,
         )
+
+    def _draft_for(self, method: str):
+        """The configured draft; with none configured, token trees for q-free rules (their
+        tree_scheme is deterministic) and the n-gram draft for every other rule."""
+        if self.draft is not None:
+            return self.draft
+        return "tree" if get_method(method).tree_scheme is DraftScheme.DETERMINISTIC else "ngram"
 
     def _plan(self) -> tuple[list[RunSpec], list[SkippedConfig]]:
         methods = list(self.config.methods)
@@ -223,8 +232,10 @@ class Sweep:
 
         return {
             "target": self.config.target or _describe(self.target.model),
-            "draft": self.config.draft or (self.draft if isinstance(self.draft, str) else _describe(getattr(self.draft, "model", self.draft))),
-            "dtype": self.config.dtype,
+            "draft": self.config.draft or (self.draft if isinstance(self.draft, str) else
+                                           "auto (tree for q-free methods, else ngram)" if self.draft is None else
+                                           _describe(getattr(self.draft, "model", self.draft))),
+            "dtype": fast_dtype_name() if self.config.dtype == "auto" else self.config.dtype,
             "device": self.config.device,
             "backend": {"target": self.target.backend,
                         "draft": getattr(self.draft, "backend", "ngram" if isinstance(self.draft, str) else "n/a")},

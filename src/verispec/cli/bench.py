@@ -19,7 +19,7 @@ CONFIG_FLAGS = (
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``verispec bench``; every default is None so that a --config file fills the gaps."""
     parser.add_argument("--config", default=None, help="YAML or TOML file with the same keys as the flags")
-    parser.add_argument("--methods", default=None, help="comma-separated registry names, e.g. sd,bv,spectr")
+    parser.add_argument("--methods", default=None, help="comma-separated registry names, e.g. sd,bv,spectr (default qfree: token trees)")
     parser.add_argument("--dataset", action="append", default=None,
                         help="'humaneval' or a Spec-Bench-format JSONL file (repeatable, or comma list)")
     parser.add_argument("--limit", type=int, default=None, help="prompts per dataset (per category for Spec-Bench files; default 10)")
@@ -30,8 +30,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default=None, help="comma list (default 0)")
     parser.add_argument("--out", default=None, help="output folder (default bench_out)")
     parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--draft", default=None, help="draft model directory, or 'ngram' (default)")
-    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--draft", default=None,
+                        help="draft model directory, 'tree' or 'ngram' (default: token trees for q-free methods, ngram otherwise)")
+    parser.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"],
+                        help="auto (default): bf16 where the CPU has native bf16, else fp32")
     parser.add_argument("--device", default=None)
     parser.add_argument("--backend", default=None, choices=BACKENDS,
                         help="model forward: native Llama forward when possible (auto, default) or transformers'")
@@ -89,14 +91,17 @@ def run_bench(args) -> int:
 
 
 def load_models(config):
-    """(target model, tokenizer, draft) where draft is 'ngram' or a loaded model."""
-    from verispec.cli.generate import DTYPES
+    """(target model, tokenizer, draft) where draft is None (per method: token trees for q-free
+    rules, n-gram otherwise), 'ngram', 'tree' or a loaded model."""
+    from verispec.cli.generate import resolve_dtype
     from verispec.models.default import load_model
 
-    target_model, tokenizer = load_model(config.target, DTYPES[config.dtype], config.device)
-    if config.draft in (None, "default", "ngram"):
-        return target_model, tokenizer, "ngram"
-    draft_model, _ = load_model(config.draft, DTYPES[config.dtype], config.device)
+    target_model, tokenizer = load_model(config.target, resolve_dtype(config.dtype), config.device)
+    if config.draft is None:
+        return target_model, tokenizer, None
+    if config.draft in ("default", "ngram", "tree"):
+        return target_model, tokenizer, "ngram" if config.draft == "default" else config.draft
+    draft_model, _ = load_model(config.draft, resolve_dtype(config.dtype), config.device)
     return target_model, tokenizer, draft_model
 
 

@@ -10,25 +10,39 @@ import torch
 from verispec.engine.decoder import SpeculativeDecoder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_CHOICES = ["auto", *DTYPES]
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """A --dtype value as a torch dtype; "auto" is the fast dtype of this CPU (models.default.fast_dtype_name)."""
+    if name == "auto":
+        from verispec.models.default import fast_dtype_name
+
+        name = fast_dtype_name()
+    return DTYPES[name]
 
 
 def load_pair(target: str | None, draft: str | None, dtype: str, device: str, need_draft: bool = True):
     """(target model, tokenizer, draft) from CLI flags; draft None means the default draft."""
     from verispec.models.default import load_model
 
-    target_model, tokenizer = load_model(target, DTYPES[dtype], device)
+    target_model, tokenizer = load_model(target, resolve_dtype(dtype), device)
     if not need_draft:
         return target_model, tokenizer, None
     import verispec.models.default_draft  # noqa: F401  registers the sub-vocabulary draft architecture
 
-    if draft == "ngram":
-        draft_model = "ngram"
-    elif draft in (None, "default"):
+    if draft in ("ngram", "tree"):
+        draft_model = draft
+    elif draft is None:
+        # the fastest measured training-free configuration: target-aware token trees (issue 12),
+        # verified by the q-free rule; the decoder picks the draft that suits --method
+        draft_model = None
+    elif draft == "default":
         # the shipped trained draft when there is one, else the training-free n-gram draft
-        shipped = verispec.models.default_draft.load_default_draft(DTYPES[dtype], device) if target in (None, "default") else None
+        shipped = verispec.models.default_draft.load_default_draft(resolve_dtype(dtype), device) if target in (None, "default") else None
         draft_model = shipped if shipped is not None else "ngram"
     else:
-        draft_model, _ = load_model(draft, DTYPES[dtype], device)
+        draft_model, _ = load_model(draft, resolve_dtype(dtype), device)
     return target_model, tokenizer, draft_model
 
 
@@ -53,6 +67,11 @@ def _decoder(args, target_model, tokenizer, draft_model, method=None) -> Specula
     )
 
 
+def _draft_name(decoder) -> str:
+    drafter = decoder.drafter
+    return {"TokenTreeDrafter": "tree", "NGramDrafter": "ngram"}.get(type(drafter).__name__, "model")
+
+
 def decode_and_print(decoder, prompt_ids, stream: bool):
     """Run a decoder (speculative or SPRINTER) and print its text, streamed or at the end."""
     if stream:
@@ -73,7 +92,7 @@ def run_generate(args) -> int:
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat)
     output = decode_and_print(decoder, prompt_ids, args.stream)
     print(
-        f"[{output.method} K={output.num_drafts} L={output.draft_len}] {output.new_tokens} tokens, "
+        f"[{output.method} draft={_draft_name(decoder)} K={output.num_drafts} L={output.draft_len}] {output.new_tokens} tokens, "
         f"{output.target_calls} target calls, block efficiency {output.block_efficiency:.2f}, "
         f"{output.tokens_per_second:.1f} tokens/s",
         file=sys.stderr,
@@ -98,7 +117,7 @@ def run_demo(args) -> int:
     target = HFModelAdapter(target_model, device=args.device, backend=args.backend)  # one cache for both decoders
     plain = _decoder(args, target, tokenizer, None, method="ar")
     spec = _decoder(args, target, tokenizer, draft_model)
-    table = Table(title=f"{args.method} K={args.num_drafts} L={args.draft_len} vs plain decoding, T={args.temperature}, {args.dtype}, draft={draft_model if isinstance(draft_model, str) else 'default'}")
+    table = Table(title=f"{spec.method} K={spec.num_drafts} L={spec.draft_len} vs plain decoding, T={args.temperature}, {args.dtype}, draft={_draft_name(spec)}")
     for column in ["prompt", "tokens (plain / spec)", "plain tok/s", "spec tok/s", "block efficiency", "speedup"]:
         table.add_column(column)
     totals = {"plain_tokens": 0, "plain_seconds": 0.0, "spec_tokens": 0, "spec_seconds": 0.0, "calls": 0}

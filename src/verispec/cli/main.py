@@ -14,8 +14,8 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+def _add_sampling_flags(parser: argparse.ArgumentParser, default_temperature: float = 1.0) -> None:
+    parser.add_argument("--temperature", type=float, default=default_temperature, help=f"0 = greedy (default {default_temperature})")
     parser.add_argument("--top-k", type=int, default=0, help="0 disables (default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="1.0 disables (default)")
     parser.add_argument("--draft-temperature", type=float, default=None, help="draft's own temperature (default: same as target)")
@@ -23,8 +23,11 @@ def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--draft", default=None, help="draft model directory, 'ngram', or default (the shipped default draft)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--draft", default=None,
+                        help="draft model directory, 'tree' (target-aware token trees, the default), 'ngram' "
+                             "(stochastic n-gram / prompt lookup), or 'default' (the shipped trained draft if any, else ngram)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="auto (default): bf16 where the CPU has native bf16, else fp32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="model forward: the native Llama forward when the model qualifies (auto, default), "
@@ -38,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="decode a prompt with a target/draft pair and a verification rule")
     gen.add_argument("prompt")
     _add_model_flags(gen)
-    gen.add_argument("--method", default="sd", help="registry name (verispec methods) or 'ar' for plain sampling")
+    gen.add_argument("--method", default=None,
+                     help="registry name (verispec methods) or 'ar' for plain sampling (default: qfree with the "
+                          "token-tree draft, sd with any other draft)")
     gen.add_argument("-K", "--num-drafts", type=int, default=1)
     gen.add_argument("-L", "--draft-len", type=int, default=4)
     gen.add_argument("--tree", type=_int_list, default=None, help="children per depth for tree methods, e.g. 2,2,1")
@@ -60,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the main job: a method vs plain decoding on HumanEval prompts")
     _add_model_flags(demo)
-    demo.add_argument("--method", default="sd")
+    demo.add_argument("--method", default=None, help="default: qfree with the token-tree draft, sd with any other")
     demo.add_argument("-K", "--num-drafts", type=int, default=1)
     demo.add_argument("-L", "--draft-len", type=int, default=4)
     demo.add_argument("--prompts", type=int, default=3, help="number of HumanEval prompts")

@@ -105,11 +105,10 @@ def _set_threads(threads) -> None:
 
 def _load_pair(args):
     """(target model, tokenizer, draft: 'ngram' or model)."""
-    import torch
-
+    from verispec.cli.generate import resolve_dtype
     from verispec.models.default import load_model
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = resolve_dtype(args.dtype)  # "auto" from `verispec generate --method sprinter`
     target, tokenizer = load_model(args.target, dtype, args.device)
     draft = args.draft
     if draft in (None, "default", "ngram"):

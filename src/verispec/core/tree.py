@@ -27,7 +27,7 @@ class DraftScheme(str, enum.Enum):
     IID_TREE = "iid_tree"  # each node's children are i.i.d. draws, duplicates kept as separate nodes
     WITHOUT_REPLACEMENT = "without_replacement"  # each node's children drawn without replacement
     SPECHUB_PAIR = "spechub_pair"  # binary nodes drawn from SpecHub's joint (§9.1), unary nodes from q
-    DETERMINISTIC = "deterministic"  # e.g. top-k children: valid for greedy decoding only
+    DETERMINISTIC = "deterministic"  # chosen by a rule, no law q (top-k, token trees): only q-free rules (nss, qfree) are exact
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,11 @@ from verispec.core.rng import SeededRng
 from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
-from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter
+from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
 from verispec.errors import ConfigError
 from verispec.verify.modification import advance_windows, modify_tree_targets
+from verispec.verify.qfree import qfree_walk
+from verispec.verify.base import VerifyResult
 from verispec.verify.registry import MethodSpec, get_method
 
 MAX_DRAFTS = 64
@@ -217,9 +219,13 @@ class SpeculativeDecoder(TextDecoding):
     """Speculative decoding of ``target`` with ``draft`` and a registered verification rule.
 
     target: a transformers causal LM or an ``HFModelAdapter``.
-    draft:  a transformers causal LM / adapter (neural draft), ``"ngram"`` (training-free
-            prompt-lookup draft), any ``Drafter``, or None with method "ar" (plain sampling).
-    method: a registry name (``verispec.verify.registry.METHODS``) or "ar".
+    draft:  a transformers causal LM / adapter (neural draft), ``"tree"`` (training-free
+            target-aware token trees, ``TokenTreeDrafter``), ``"ngram"`` (stochastic
+            prompt-lookup draft), any ``Drafter``, or None: the token trees when the method is
+            left to its default or is a q-free rule, else the n-gram draft.
+    method: a registry name (``verispec.verify.registry.METHODS``) or "ar"; None (default) picks
+            "qfree" for the token-tree draft (the fastest training-free configuration) and "sd"
+            for any other draft.
     num_drafts (K), draft_len (L): K i.i.d. paths of length L, or a chain when K = 1.
     tree:   children per depth for token-tree methods (e.g. [2, 2, 1]); overrides L.
     temperature / top_k / top_p: applied to target and draft logits alike (0 = greedy);
@@ -236,7 +242,7 @@ class SpeculativeDecoder(TextDecoding):
         target,
         draft=None,
         tokenizer=None,
-        method: str = "sd",
+        method: str | None = None,
         num_drafts: int = 1,
         draft_len: int = 4,
         tree: Sequence[int] | None = None,
@@ -254,11 +260,23 @@ class SpeculativeDecoder(TextDecoding):
     ):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
+        if method is None:
+            method = "qfree" if _is_token_tree(draft) else "sd"
         self.method = method
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
         self.step_callback = step_callback
         self.num_drafts, self.draft_len, self.tree = self._check_shape(num_drafts, draft_len, tree)
         self.drafter: Drafter | None = None if self.spec is None else self._make_drafter(draft, device)
+        if getattr(self.drafter, "deterministic", False):
+            if DraftScheme.DETERMINISTIC not in self.spec.verifier.supported_schemes:
+                raise ConfigError(
+                    f"method {self.spec.name!r} reads the draft's sampling law q, but token-tree candidates are "
+                    "chosen deterministically (no q), so it would not be exact; use method 'qfree' (or 'nss'), "
+                    "or a sampled draft such as draft='ngram' / --draft ngram"
+                )
+            if tree is not None:
+                raise ConfigError("the token-tree draft sizes its trees itself; drop tree= / --tree")
+            self.draft_len = self.drafter.max_depth
         if self.drafter is not None and self.drafter.vocab_size != self.target.vocab_size:
             raise ConfigError(
                 f"draft vocabulary has {self.drafter.vocab_size} tokens but the target has "
@@ -292,6 +310,8 @@ class SpeculativeDecoder(TextDecoding):
                 f"method {spec.name!r} verifies a single draft path; use K = 1, or a multi-draft "
                 "method (spectr, spectr-gbv-star, gmpbv, rrs, rrsw, traversal, nss)"
             )
+        if spec.tree_scheme is DraftScheme.DETERMINISTIC:  # qfree: an adaptive token tree, or --tree
+            return 1, draft_len, None
         if spec.draft == "tree":  # spechub: a hub pair at the root, then single children
             if num_drafts != 2:
                 raise ConfigError("spechub drafts hub pairs: use K = 2 (or give --tree, e.g. 2,2,1)")
@@ -306,6 +326,10 @@ class SpeculativeDecoder(TextDecoding):
         return int(num_drafts), int(draft_len), None
 
     def _make_drafter(self, draft, device) -> Drafter:
+        if getattr(draft, "deterministic", False):
+            return draft
+        if _is_token_tree(draft) and (draft is not None or self.spec.tree_scheme is DraftScheme.DETERMINISTIC):
+            return TokenTreeDrafter(self.target.vocab_size)
         if draft is None or (isinstance(draft, str) and draft == "ngram"):
             return NGramDrafter(self.target.vocab_size, self.draft_params)
         if hasattr(draft, "begin_round"):
@@ -315,6 +339,11 @@ class SpeculativeDecoder(TextDecoding):
     # ----- one round ----------------------------------------------------------------------
     def _draft(self, rng, draft_fn) -> DraftSkeleton:
         spec = self.spec
+        if self.tree is None and spec.tree_scheme is DraftScheme.DETERMINISTIC:
+            raise ConfigError(
+                f"method {spec.name!r} with a sampled draft needs a tree shape (e.g. tree=[2, 2, 1] / --tree 2,2,1), "
+                "or use the token-tree draft (draft='tree')"
+            )
         if self.tree is not None:
             return sample_tree(rng, draft_fn, self.tree, spec.tree_scheme)
         return sample_iid_paths(rng, draft_fn, self.num_drafts, self.draft_len)
@@ -335,6 +364,8 @@ class SpeculativeDecoder(TextDecoding):
         self.target.reset(prompt_ids)
         if self.drafter is not None:
             self.drafter.reset(prompt_ids)
+            if hasattr(self.drafter, "calibrate"):
+                self.drafter.calibrate(self.target)
         prefill_seconds = time.perf_counter() - start
         generated: list[int] = []
         steps: list[StepStats] = []
@@ -344,7 +375,12 @@ class SpeculativeDecoder(TextDecoding):
             if len(prompt_ids) + len(generated) + self.draft_len + 1 >= self.target.max_context:
                 stop_reason = "context"
                 break
-            step, output_tokens, windows = self._round(rng, windows) if self.spec else self._plain_round(rng)
+            if self.spec is None:
+                step, output_tokens, windows = self._plain_round(rng)
+            elif getattr(self.drafter, "deterministic", False):
+                step, output_tokens = self._token_tree_round(rng)
+            else:
+                step, output_tokens, windows = self._round(rng, windows)
             tic = time.perf_counter()
             generated.extend(output_tokens)
             stop_reason = self._stop_reason(generated)
@@ -413,6 +449,56 @@ class SpeculativeDecoder(TextDecoding):
             self.step_callback(tree, result, step)
         return step, list(result.output_tokens), windows
 
+    def _token_tree_round(self, rng):
+        """One round with a deterministic candidate tree (``TokenTreeDrafter``): one target
+        forward over the tree, the drafter sees the logits of every scored node, and the q-free
+        walk (``verify.qfree``) turns into probabilities only the rows of the nodes it visits.
+        Issue 16's lazy row providers (``core/rows.py``) can replace ``row`` here."""
+        tic = time.perf_counter()
+        candidates = self.drafter.propose()
+        draft_seconds = time.perf_counter() - tic
+
+        tic = time.perf_counter()
+        logits = self.target.score([-1, *candidates.tokens[1:]], list(candidates.parents))
+        target_seconds = time.perf_counter() - tic
+
+        tic = time.perf_counter()
+        self.drafter.observe_target(candidates.tokens, candidates.parents, logits)
+        rows: dict[int, np.ndarray] = {}
+
+        def row(node: int) -> np.ndarray:
+            if node not in rows:
+                rows[node] = logits_to_probs(logits[node : node + 1], self.params)[0]
+            return rows[node]
+
+        children = candidates.children_of()
+        visited, next_token, is_bonus, _ = qfree_walk(children.__getitem__, row, rng)
+        verify_seconds = time.perf_counter() - tic
+
+        tic = time.perf_counter()
+        path = visited[1:]
+        accepted = [candidates.tokens[node] for node in path]
+        self.target.commit(path, next_token)
+        self.drafter.observe_walk(candidates, visited)
+        self.drafter.commit(accepted, next_token)
+        step = StepStats(
+            accepted_len=len(accepted),
+            new_tokens=len(accepted) + 1,
+            drafted_tokens=candidates.num_nodes - 1,
+            tree_nodes=candidates.num_nodes,
+            draft_seconds=draft_seconds,
+            target_seconds=target_seconds,
+            verify_seconds=verify_seconds,
+            other_seconds=time.perf_counter() - tic,
+        )
+        if self.step_callback is not None:
+            tree = DraftTree.build(
+                candidates.tokens, candidates.parents, logits_to_probs(logits, self.params),
+                np.zeros((candidates.num_nodes, self.target.vocab_size)), DraftScheme.DETERMINISTIC, validate=False,
+            )
+            self.step_callback(tree, VerifyResult(path[-1] if path else 0, tuple(accepted), int(next_token), is_bonus), step)
+        return step, [*accepted, int(next_token)]
+
     @staticmethod
     def _next_windows(tree: DraftTree, modified, result):
         """Windows in force at the next round's root: the old ones moved along the emitted
@@ -424,3 +510,8 @@ class SpeculativeDecoder(TextDecoding):
         if result.modification is not None:
             windows = windows + (result.modification,)
         return windows
+
+
+def _is_token_tree(draft) -> bool:
+    """The token-tree draft: "tree", None (the default draft) or a ``TokenTreeDrafter``."""
+    return draft is None or (isinstance(draft, str) and draft == "tree") or isinstance(draft, TokenTreeDrafter)

@@ -8,11 +8,15 @@ which tokens were kept, so a KV-cached draft rolls back the rest.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
+from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, adjacency_bucket, copy_bucket, grow_tree
+from verispec.errors import ConfigError
+from verispec.models.token_tree import AdjacencyTable, SuffixIndex, measure_cost_curve
 from verispec.models.ngram import NGramDraft
 
 
@@ -125,3 +129,118 @@ class ModelDrafter:
             self.adapter.commit(path, accepted[len(path)])
             self.adapter.append_committed(accepted[len(path) + 1 :], next_token)
         self._nodes = {}
+
+
+class TokenTreeDrafter:
+    """Training-free target-aware token trees (issue 12): one deterministic candidate tree per round.
+
+    Candidates come from the target itself and the context, at no model cost:
+    * adjacency: the target's top-k next tokens after each token id, refreshed from the logits of
+      every scored node of every target forward (``observe_target``; ``models.token_tree``);
+    * copies: continuations of the longest suffix matches of the context anywhere in the prompt
+      and the generated text (``SuffixIndex``), up to ``copy_matches`` distinct continuations.
+    ``draft.tree_policy`` grows the tree best first from running acceptance estimates and keeps
+    the size that maximises expected tokens per unit of forward cost (``cost``: a ``CostCurve``,
+    or None to measure the target's at the first prompt, ``calibrate``); with no useful
+    candidate the tree is the root alone. The tree has no sampling law q (DraftScheme.DETERMINISTIC):
+    verify it with a q-free rule (``qfree``). The adjacency table persists across ``reset``: it
+    describes the target, not one prompt (pass ``adjacency`` to share one between drafters).
+    """
+
+    deterministic = True
+
+    def __init__(
+        self,
+        vocab_size: int,
+        k: int = 8,
+        max_nodes: int = 24,
+        max_depth: int = 12,
+        copy_matches: int = 3,
+        cost=None,
+        adjacency=None,
+    ):
+        if max_nodes < 0 or max_depth < 1:
+            raise ConfigError(f"a token tree needs max_nodes >= 0 and max_depth >= 1, got {max_nodes}, {max_depth}")
+        self.vocab_size = int(vocab_size)
+        self.calls = 0  # no draft model: never any draft forward
+        self.max_nodes = int(max_nodes)
+        self.max_depth = int(max_depth)
+        self.copy_matches = int(copy_matches)
+        self.cost = cost  # None: measured on the target at the first ``calibrate``
+        self.adjacency = adjacency if adjacency is not None else AdjacencyTable(vocab_size, k)
+        if self.adjacency.vocab_size != self.vocab_size:
+            raise ConfigError(f"adjacency table has {self.adjacency.vocab_size} tokens, the draft {self.vocab_size}")
+        self.index = SuffixIndex()
+        self.estimates = AcceptanceEstimates()
+        self._rates: dict = {}
+
+    def reset(self, prompt_ids):
+        self.index.reset(prompt_ids)
+
+    def calibrate(self, target) -> None:
+        """Measure the target's cost curve once (``models.token_tree.measure_cost_curve``) unless
+        one was given; called by the decoder after the prompt's prefill."""
+        if self.cost is None:
+            self.cost = measure_cost_curve(target)
+
+    # ----- one round ----------------------------------------------------------------------
+    def propose(self):
+        """This round's ``CandidateTree`` below the last context token."""
+        self._rates = {}
+        context = self.index.context
+        copies = [self._copy(m.start, m.match_len) for m in self.index.matches(self.copy_matches)]
+        root = self._merge(copies, context[-1])
+        return grow_tree(context[-1], root, self._expand, self.cost, self.max_nodes, self.max_depth)
+
+    def _rate(self, cls) -> float:
+        rate = self._rates.get(cls)
+        if rate is None:
+            rate = self._rates[cls] = self.estimates.rate(cls)
+        return rate
+
+    def _copy(self, start: int, match_len: int):
+        cls = ("copy", copy_bucket(match_len))
+        return Candidate(self.index.context[start], self._rate(cls), cls, start, match_len)
+
+    def _merge(self, copies, token: int):
+        """Copy candidates plus the adjacency row of ``token``; a token offered by both keeps
+        the copy state and the better class, and is accepted if either source would be right
+        (1 - (1 - a)(1 - b), an optimistic union)."""
+        merged = {c.token: c for c in copies}
+        ids, probs = self.adjacency.candidates(token)
+        for next_token, prob in zip(ids.tolist(), probs.tolist()):
+            cls = ("adj", adjacency_bucket(prob))
+            rate = self._rate(cls)
+            known = merged.get(next_token)
+            if known is None:
+                merged[next_token] = Candidate(next_token, rate, cls)
+            else:
+                union = 1.0 - (1.0 - known.accept) * (1.0 - rate)
+                merged[next_token] = replace(known, accept=union, cls=known.cls if known.accept >= rate else cls)
+        return sorted(merged.values(), key=lambda c: -c.accept)
+
+    def _expand(self, candidate, depth: int):
+        context = self.index.context
+        copies = []
+        if candidate.copy_start is not None and candidate.copy_start + 1 < len(context):
+            copies.append(self._copy(candidate.copy_start + 1, candidate.copy_match + 1))
+        return self._merge(copies, candidate.token)
+
+    # ----- feedback -------------------------------------------------------------------------
+    def observe_target(self, tokens, parents, logits) -> None:
+        """The target's logits (n, V) at the scored nodes (tokens (n,), parents (n,)): refresh
+        the adjacency rows of their tokens."""
+        self.adjacency.update(tokens, logits)
+
+    def observe_walk(self, tree, visited) -> None:
+        """Update the acceptance estimates: every child of a visited node is a trial of its
+        class, a hit when the walk moved into it."""
+        kids = tree.children_of()
+        outcomes = []
+        for position, node in enumerate(visited):
+            moved_to = visited[position + 1] if position + 1 < len(visited) else None
+            outcomes += [(tree.classes[child], child == moved_to) for child in kids[node].values()]
+        self.estimates.record(outcomes)
+
+    def commit(self, accepted, next_token):
+        self.index.extend([*accepted, int(next_token)])

@@ -139,6 +139,24 @@ def load_model(
     return load_pretrained_dir(path, dtype, device)
 
 
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def fast_dtype_name(cpuinfo: str | None = None) -> str:
+    """The faster dtype for the default engine on this machine: "bf16" when the CPU has native
+    bf16 dot products (AVX512-BF16 or AMX), else "fp32". Measured on an AVX2-only CPU
+    (issue 12, ``benchmarks/token_tree_speed.py``): torch's emulated bf16 matmuls cost about n
+    times one token to score n tokens, so token trees cannot pay off there, while fp32 scores 8
+    tokens for ~2x one. ``cpuinfo``: the text of /proc/cpuinfo (read when None; no file: fp32)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "fp32"
+    flags = set(cpuinfo.split())
+    return "bf16" if any(flag in flags for flag in NATIVE_BF16_FLAGS) else "fp32"
+
+
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> list[int]:
     """Token ids of a prompt: a user turn plus the assistant generation prompt when chat is on
     and the tokenizer has a chat template, else the plain text with the tokenizer's special tokens."""

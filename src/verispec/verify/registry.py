@@ -18,6 +18,7 @@ from verispec.verify.gbv_mod import GBVMod, GBVModWithoutModification
 from verispec.verify.gmpbv import GreedyMultiPathBV
 from verispec.verify.nss import NaiveSpecInfer
 from verispec.verify.otm import OTM
+from verispec.verify.qfree import QFreeTreeVerification
 from verispec.verify.rrs import RRS, RRSDeduplicated, RRSw
 from verispec.verify.sd import SpeculativeSampling
 from verispec.verify.spechub import SpecHub, SpecHubLiteral
@@ -66,6 +67,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("rrsw", RRSw(), "paths", "recursive rejection sampling, without replacement (§8)", DraftScheme.WITHOUT_REPLACEMENT),
         MethodSpec("spechub", SpecHub(), "tree", "SpecHub, K = 2 hub pairs, corrected (§9)", DraftScheme.SPECHUB_PAIR),
         MethodSpec("nss", NaiveSpecInfer(), "paths", "SpecInfer naive sampling on a token tree (§13)", DraftScheme.WITHOUT_REPLACEMENT),
+        MethodSpec("qfree", QFreeTreeVerification(), "tree", "q-free walk over deterministic candidate trees (token trees), exact at any T (§13)", DraftScheme.DETERMINISTIC),
         MethodSpec("traversal", TraversalVerification(), "paths", "traversal verification (§12)", DraftScheme.WITHOUT_REPLACEMENT),
         MethodSpec("otm", OTM(), "paths", "optimal transport LP per position, small-V reference (§10)"),
         MethodSpec("sprinter", Sprinter(), "chain", "SPRINTER with a learned verifier - lossy (§11)"),

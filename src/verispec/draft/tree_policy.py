@@ -1,0 +1,184 @@
+"""Adaptive size of deterministic token trees (issue 12): which candidates, and how many.
+
+Each round the draft offers candidate children for every node (copy continuations, adjacency
+top-k). A candidate edge gets an estimated acceptance probability from running hit rates per
+candidate *class* (source x bucket: copy by match length, adjacency by the target probability
+recorded in the table), and a node's score is the product of the estimates on its root path: the
+estimated probability that the q-free walk reaches it. The expected number of tokens a round emits
+is then 1 + the sum of the scores of the tree's nodes.
+
+Nodes are added best first (a child never scores above its parent, so every prefix of that order
+is a tree), and the round keeps the prefix that maximises expected tokens per unit of cost, where
+``CostCurve`` gives the cost of scoring n tokens in one forward relative to one token. When no
+candidate is worth its cost the tree is the root alone: plain decoding.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from verispec.errors import ConfigError
+
+# Scoring n tokens after ~300 cached ones with the default target (SmolLM2-135M, bf16, native
+# runner), relative to one token (issue 12's measurement).
+DEFAULT_COST_POINTS = ((1, 1.0), (5, 1.03), (9, 1.16), (16, 1.35), (24, 1.59), (32, 1.91))
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Cost of one forward over n tokens relative to n = 1, linear between measured points and
+    extrapolated with the last slope. ``overhead``: per-round cost of drafting and verifying, in
+    the same unit, added to every speculative round (not to a root-only round)."""
+
+    points: tuple[tuple[int, float], ...] = DEFAULT_COST_POINTS
+    overhead: float = 0.02
+
+    def __post_init__(self):
+        sizes = [n for n, _ in self.points]
+        if len(self.points) < 2 or sizes != sorted(sizes) or sizes[0] != 1:
+            raise ConfigError(f"a cost curve needs >= 2 points (n, cost) with increasing n starting at 1, got {self.points}")
+
+    def __call__(self, n: int) -> float:
+        return float(self.table(n)[n - 1])
+
+    def table(self, n_max: int) -> np.ndarray:
+        """Costs of n = 1..n_max tokens, shape (n_max,)."""
+        sizes = np.array([p[0] for p in self.points], dtype=float)
+        costs = np.array([p[1] for p in self.points], dtype=float)
+        n = np.arange(1, n_max + 1, dtype=float)
+        slope = (costs[-1] - costs[-2]) / (sizes[-1] - sizes[-2])
+        base = np.where(n <= sizes[-1], np.interp(n, sizes, costs), costs[-1] + slope * (n - sizes[-1]))
+        return base + np.where(n > 1, self.overhead, 0.0)
+
+
+def copy_bucket(match_len: int) -> int:
+    """Class index of a copy edge by the length of the suffix match behind it."""
+    for index, bound in enumerate((1, 2, 3, 5, 8, 15)):
+        if match_len <= bound:
+            return index
+    return 6
+
+
+ADJ_BOUNDS = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 0.95, 1.01)
+# prior hit rates of the classes: copy by match length, adjacency by recorded probability
+COPY_PRIOR = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75)
+ADJ_PRIOR = (0.02, 0.08, 0.2, 0.35, 0.55, 0.7, 0.8, 0.9)
+
+
+def adjacency_bucket(prob: float) -> int:
+    return int(np.searchsorted(ADJ_BOUNDS, prob, side="right")) if prob < ADJ_BOUNDS[-1] else len(ADJ_BOUNDS) - 1
+
+
+@dataclass
+class AcceptanceEstimates:
+    """Running hit rates of candidate classes ("copy", bucket) and ("adj", bucket): hits and
+    trials since the start, with a prior worth ``prior_weight`` trials. A trial is a candidate
+    child of a node the walk visited; a hit is the walk moving into it."""
+
+    prior_weight: float = 4.0
+    decay: float = 0.995  # older rounds count less, so the estimates follow the text
+    hits: dict[tuple[str, int], float] = field(default_factory=dict)
+    trials: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    @staticmethod
+    def prior(cls: tuple[str, int]) -> float:
+        source, bucket = cls
+        return (COPY_PRIOR if source == "copy" else ADJ_PRIOR)[bucket]
+
+    def rate(self, cls: tuple[str, int]) -> float:
+        trials = self.trials.get(cls, 0.0)
+        return (self.hits.get(cls, 0.0) + self.prior_weight * self.prior(cls)) / (trials + self.prior_weight)
+
+    def record(self, outcomes: Iterable[tuple[tuple[str, int], bool]]) -> None:
+        for cls in self.trials:
+            self.trials[cls] *= self.decay
+            self.hits[cls] *= self.decay
+        for cls, hit in outcomes:
+            self.trials[cls] = self.trials.get(cls, 0.0) + 1.0
+            self.hits[cls] = self.hits.get(cls, 0.0) + float(hit)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A proposed child: its token, estimated acceptance given its parent is reached, the class
+    it is scored by, and source-specific state to grow its own children (a copy position)."""
+
+    token: int
+    accept: float
+    cls: tuple[str, int]
+    copy_start: int | None = None  # copy: context index of this token; its child copies index + 1
+    copy_match: int = 0
+
+
+@dataclass(frozen=True)
+class CandidateTree:
+    """One round's deterministic tree. tokens[0] is the root's token (the last committed token),
+    parents[0] = -1, nodes in best-first order (parents first); classes[i] is the class node i was
+    scored by; scores[i] the estimated probability that the walk reaches node i."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    classes: tuple[tuple[str, int] | None, ...]
+    scores: tuple[float, ...]
+    expected_tokens: float
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def children_of(self) -> list[dict[int, int]]:
+        """Per node: {child token: child node}."""
+        kids: list[dict[int, int]] = [{} for _ in self.tokens]
+        for node in range(1, len(self.tokens)):
+            kids[self.parents[node]].setdefault(self.tokens[node], node)
+        return kids
+
+
+def grow_tree(
+    root_token: int,
+    root_candidates: Sequence[Candidate],
+    expand: Callable[[Candidate, int], Sequence[Candidate]],
+    cost: CostCurve,
+    max_nodes: int,
+    max_depth: int,
+) -> CandidateTree:
+    """Best-first tree over candidates: ``expand(candidate, depth)`` lists the children of a node
+    added for ``candidate`` at ``depth``. Keeps the prefix of the best-first order maximising
+    (1 + sum of scores) / cost(1 + nodes)."""
+    tokens, parents, classes, scores = [root_token], [-1], [None], [1.0]
+    depths = [0]
+    heap: list[tuple[float, int, int, Candidate]] = []
+    counter = 0
+
+    def push(parent: int, candidates: Sequence[Candidate]):
+        nonlocal counter
+        seen = set()
+        for candidate in candidates:
+            if candidate.token in seen or candidate.accept <= 0.0:
+                continue
+            seen.add(candidate.token)
+            heapq.heappush(heap, (-scores[parent] * candidate.accept, counter, parent, candidate))
+            counter += 1
+
+    push(0, root_candidates)
+    while heap and len(tokens) <= max_nodes:
+        negative_score, _, parent, candidate = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(candidate.token)
+        parents.append(parent)
+        classes.append(candidate.cls)
+        scores.append(-negative_score)
+        depths.append(depths[parent] + 1)
+        if depths[node] < max_depth:
+            push(node, expand(candidate, depths[node]))
+    # the best prefix: expected tokens per unit cost
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(scores[1:])])
+    ratios = expected / cost.table(len(tokens))
+    keep = int(np.argmax(ratios)) + 1  # nodes kept, root included
+    return CandidateTree(
+        tuple(tokens[:keep]), tuple(parents[:keep]), tuple(classes[:keep]), tuple(scores[:keep]), float(expected[keep - 1])
+    )

@@ -1,0 +1,150 @@
+"""Candidate tables of the training-free target-aware token-tree draft (issue 12).
+
+Two sources of candidates, both free of any model call:
+
+* ``AdjacencyTable``: per token id, the target's top-k next tokens the last time the target was
+  run on a node carrying that token (Token Recycling, Luo et al. 2024). Every target forward of the
+  engine already computes logits at every scored node; ``update`` takes their top-k (one
+  ``torch.topk`` over (n, V)) and overwrites the rows of the scored tokens. The table persists
+  across requests: it describes the target, not one prompt. Memory: V x k x (4 + 2) bytes
+  (int32 ids + float16 probabilities), 2.4 MB for V = 49,152 and k = 8.
+* ``SuffixIndex``: copy candidates. The positions of every token and bigram of the context (prompt
+  + generated text) are indexed; a lookup extends each recent occurrence of the context's last
+  bigram (or token) backwards to its full match length, so the longest suffix match anywhere in
+  the context is found (capped at ``max_match``, not only n <= 3), and returns the continuations
+  of the best occurrences (SuffixDecoding / prompt lookup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from verispec.errors import ConfigError
+
+EMPTY = -1
+
+
+class AdjacencyTable:
+    """[V, k] table of the target's top-k next tokens after each token id (EMPTY = never seen),
+    with the target probability (temperature 1) each had when it was recorded."""
+
+    def __init__(self, vocab_size: int, k: int = 8):
+        if k < 1:
+            raise ConfigError(f"the adjacency table needs k >= 1 candidates per token, got {k}")
+        self.vocab_size = int(vocab_size)
+        self.k = min(int(k), self.vocab_size)  # a tiny vocabulary has fewer than k tokens
+        self.next_tokens = np.full((self.vocab_size, self.k), EMPTY, dtype=np.int32)
+        self.next_probs = np.zeros((self.vocab_size, self.k), dtype=np.float16)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.next_tokens.nbytes + self.next_probs.nbytes)
+
+    @torch.no_grad()
+    def update(self, tokens: Sequence[int], logits: torch.Tensor) -> None:
+        """Record the top-k of ``logits`` (n, V) as the next tokens of ``tokens`` (n,); rows of
+        tokens < 0 (an unset root) are skipped. When a token occurs at several nodes the last
+        row wins (the deepest, most recent context)."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        keep = ids >= 0
+        if not keep.any():
+            return
+        rows = logits[torch.from_numpy(np.flatnonzero(keep))] if not keep.all() else logits
+        values, indices = torch.topk(rows.float(), self.k, dim=-1)
+        # p = exp(logit - logsumexp): only the top-k probabilities are needed, not the softmax
+        probs = torch.exp(values - torch.logsumexp(rows.float(), dim=-1, keepdim=True))
+        self.next_tokens[ids[keep]] = indices.numpy().astype(np.int32)
+        self.next_probs[ids[keep]] = probs.numpy().astype(np.float16)
+
+    def candidates(self, token: int) -> tuple[np.ndarray, np.ndarray]:
+        """(next tokens, recorded probabilities) of ``token``, best first, empties dropped."""
+        row = self.next_tokens[token]
+        known = row >= 0
+        return row[known], self.next_probs[token][known].astype(np.float64)
+
+
+@dataclass(frozen=True)
+class CopyMatch:
+    """One earlier occurrence of the context's suffix: match_len tokens match, and the copy
+    continues at context[start]."""
+
+    start: int
+    match_len: int
+
+
+class SuffixIndex:
+    """Index of the running context for longest-suffix-match copy candidates.
+
+    max_match: longest match length measured (longer matches count as max_match);
+    max_scan: most recent occurrences of the last bigram/token examined per lookup.
+    """
+
+    def __init__(self, max_match: int = 64, max_scan: int = 64):
+        self.max_match = int(max_match)
+        self.max_scan = int(max_scan)
+        self.context: list[int] = []
+        self._unigram: dict[int, list[int]] = {}
+        self._bigram: dict[tuple[int, int], list[int]] = {}
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        self.context = []
+        self._unigram, self._bigram = {}, {}
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        context, unigram, bigram = self.context, self._unigram, self._bigram
+        for token in tokens:
+            token = int(token)
+            context.append(token)
+            end = len(context)  # the continuation of the n-gram ending here starts at index `end`
+            unigram.setdefault(token, []).append(end)
+            if end >= 2:
+                bigram.setdefault((context[-2], token), []).append(end)
+
+    def matches(self, limit: int = 3) -> list[CopyMatch]:
+        """Up to ``limit`` earlier occurrences of the context's suffix whose continuations start
+        with distinct tokens, longest match first (most recent first among equals). Occurrences
+        of the last bigram are examined when there are any, else those of the last token."""
+        context = self.context
+        length = len(context)
+        if length < 2:
+            return []
+        positions = self._bigram.get((context[-2], context[-1])) or self._unigram.get(context[-1], [])
+        best: dict[int, CopyMatch] = {}
+        for start in reversed(positions[-self.max_scan - 1 :]):
+            if start >= length:  # the suffix itself
+                continue
+            match = 1
+            while match < self.max_match and start - 1 - match >= 0 and context[start - 1 - match] == context[length - 1 - match]:
+                match += 1
+            first = context[start]
+            if first not in best or match > best[first].match_len:
+                best[first] = CopyMatch(start, match)
+        return sorted(best.values(), key=lambda m: (-m.match_len, -m.start))[:limit]
+
+
+def measure_cost_curve(adapter, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 2):
+    """Time one forward over n = ``sizes`` tokens on ``adapter``'s current context (a chain
+    below the pending root), ``repeats`` interleaved rounds, and return the ``CostCurve`` of
+    median times relative to n = 1 (made non-decreasing). The speculative nodes are rolled back:
+    the committed state is unchanged. Costs about sum(cost(n)) x repeats single-token forwards."""
+    import time
+
+    from verispec.draft.tree_policy import CostCurve
+
+    sizes = sorted({1, *(int(n) for n in sizes)})
+    root = adapter.tokens()[-1]
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            tic = time.perf_counter()
+            adapter.score([-1] + [root] * (n - 1), list(range(-1, n - 1)))
+            times[n].append(time.perf_counter() - tic)
+    adapter.rollback()
+    medians = np.array([np.median(times[n]) for n in sizes])
+    relative = np.maximum.accumulate(medians / medians[0])
+    return CostCurve(tuple((n, float(c)) for n, c in zip(sizes, relative)))

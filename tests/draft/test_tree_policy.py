@@ -1,0 +1,66 @@
+"""Adaptive token-tree size (issue 12): the cost curve, the acceptance estimates and the best-first
+tree that maximises expected tokens per unit of cost."""
+
+import pytest
+
+from verispec.draft.tree_policy import (
+    AcceptanceEstimates,
+    Candidate,
+    CostCurve,
+    adjacency_bucket,
+    copy_bucket,
+    grow_tree,
+)
+from verispec.errors import ConfigError
+
+CLS = ("adj", 3)
+
+
+def chain_expander(accept):
+    """Each node has one child (token + 1) and a weaker one (token + 100)."""
+    return lambda candidate, depth: [Candidate(candidate.token + 1, accept, CLS), Candidate(candidate.token + 100, accept / 4, CLS)]
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    curve = CostCurve(((1, 1.0), (5, 1.4), (9, 2.2)), overhead=0.1)
+    assert curve(1) == 1.0  # a root-only round pays no drafting overhead
+    assert curve(3) == pytest.approx(1.2 + 0.1)
+    assert curve(13) == pytest.approx(3.0 + 0.1)
+    with pytest.raises(ConfigError, match="starting at 1"):
+        CostCurve(((2, 1.0), (4, 2.0)))
+
+
+def test_worthless_candidates_give_the_root_alone():
+    tree = grow_tree(7, [Candidate(1, 0.01, CLS)], chain_expander(0.01), CostCurve(), max_nodes=16, max_depth=8)
+    assert tree.tokens == (7,) and tree.expected_tokens == 1.0
+
+
+def test_good_candidates_grow_a_tree_that_beats_its_cost():
+    cost = CostCurve()
+    tree = grow_tree(7, [Candidate(1, 0.9, CLS)], chain_expander(0.9), cost, max_nodes=32, max_depth=12)
+    assert tree.num_nodes > 5
+    assert tree.expected_tokens / cost(tree.num_nodes) > 1.0
+    # parents precede children and scores never increase along the best-first order
+    assert all(0 <= p < i for i, p in enumerate(tree.parents) if i)
+    assert list(tree.scores[1:]) == sorted(tree.scores[1:], reverse=True)
+    assert tree.scores[1] == pytest.approx(0.9) and tree.scores[2] == pytest.approx(0.81)
+    assert tree.expected_tokens == pytest.approx(1 + sum(tree.scores[1:]))
+    assert max(len([p for p in tree.parents if p == n]) for n in range(tree.num_nodes)) <= 2
+
+
+def test_depth_and_size_limits():
+    tree = grow_tree(0, [Candidate(1, 1.0, CLS)], chain_expander(1.0), CostCurve(((1, 1.0), (64, 1.0)), 0.0), max_nodes=5, max_depth=3)
+    assert tree.num_nodes <= 6
+    depth = {0: 0}
+    for node in range(1, tree.num_nodes):
+        depth[node] = depth[tree.parents[node]] + 1
+    assert max(depth.values()) <= 3
+
+
+def test_estimates_follow_hits_and_start_at_the_prior():
+    estimates = AcceptanceEstimates(prior_weight=4.0, decay=1.0)
+    cls = ("copy", copy_bucket(6))
+    assert estimates.rate(cls) == pytest.approx(AcceptanceEstimates.prior(cls))
+    estimates.record([(cls, True)] * 96)
+    assert estimates.rate(cls) == pytest.approx((96 + 4 * AcceptanceEstimates.prior(cls)) / 100)
+    assert adjacency_bucket(0.0) == 0 and adjacency_bucket(0.99) == 7 and adjacency_bucket(1.0) == 7

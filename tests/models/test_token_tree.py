@@ -1,0 +1,77 @@
+"""Candidate tables of the token-tree draft (issue 12): the adjacency table holds the top-k of the
+latest scored row per token with its probability; the suffix index finds the longest earlier
+match of the context's suffix (checked against brute force, matches longer than 3 included)."""
+
+import numpy as np
+import pytest
+import torch
+
+from verispec.errors import ConfigError
+from verispec.models.token_tree import EMPTY, AdjacencyTable, SuffixIndex
+
+
+def test_adjacency_rows_are_the_latest_top_k_with_probabilities():
+    table = AdjacencyTable(5, k=2)
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0], [5.0, 0.0, 0.0, 0.0, 4.0], [1.0, 0.0, 9.0, 0.5, 0.2]])
+    table.update([-1, 3, 3], logits)  # root without token skipped; token 3 scored twice: last row wins
+    assert table.next_tokens[3].tolist() == [2, 0]
+    probs = torch.softmax(logits[2], -1)
+    assert table.next_probs[3].astype(float) == pytest.approx([probs[2].item(), probs[0].item()], abs=1e-3)
+    assert (table.next_tokens[[0, 1, 2, 4]] == EMPTY).all()
+    tokens, _ = table.candidates(0)
+    assert len(tokens) == 0
+    table.update([0], logits[:1])
+    tokens, recorded = table.candidates(0)
+    assert tokens.tolist() == [1, 3] and recorded[0] > recorded[1]
+    assert table.nbytes == 5 * 2 * (4 + 2)
+
+
+def test_adjacency_needs_a_candidate():
+    with pytest.raises(ConfigError, match="k >= 1"):
+        AdjacencyTable(5, k=0)
+
+
+def brute_longest_matches(context):
+    """{continuation token: longest match length} over earlier occurrences of the suffix; when
+    some occurrence matches >= 2 tokens, one-token matches are not candidates (the index looks
+    up the last bigram first and falls back to the last token only without a bigram match)."""
+    best = {}
+    n = len(context)
+    for start in range(1, n):
+        match = 0
+        while match < start and context[start - 1 - match] == context[n - 1 - match]:
+            match += 1
+        if match:
+            token = context[start]
+            best[token] = max(best.get(token, 0), match)
+    if any(m >= 2 for m in best.values()):
+        best = {token: m for token, m in best.items() if m >= 2}
+    return best
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_suffix_index_finds_the_longest_match_per_continuation(seed):
+    rng = np.random.default_rng(seed)
+    # a small alphabet with repeated phrases, so matches longer than 3 occur
+    phrase = rng.integers(0, 4, size=8).tolist()
+    context = list(phrase)
+    while len(context) < 120:
+        context += phrase if rng.random() < 0.5 else rng.integers(0, 4, size=3).tolist()
+    context += phrase  # the suffix repeats the phrase: a match of >= 8 tokens exists
+    index = SuffixIndex(max_match=1000, max_scan=10_000)
+    index.reset(context[:50])
+    index.extend(context[50:])
+    found = {context[m.start]: m.match_len for m in index.matches(limit=10)}
+    assert found == brute_longest_matches(context)
+    assert max(found.values()) > 3
+    ordered = [m.match_len for m in index.matches(limit=10)]
+    assert ordered == sorted(ordered, reverse=True)
+
+
+def test_no_match_without_an_earlier_occurrence():
+    index = SuffixIndex()
+    index.reset([1, 2, 3])
+    assert index.matches() == []
+    index.extend([1, 2])
+    (match,) = index.matches()
+    assert (index.context[match.start], match.match_len) == (3, 2)
