@@ -256,6 +256,23 @@ def sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
+PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def field_path(location) -> list[str]:
+    """The request field of a pydantic error location: ("body", "stop", "list[str]", 0) -> ["stop"].
+    Stops at the first union-member tag (a type name), which is no part of the request's shape."""
+    path = []
+    for part in location:
+        if part == "body" and not path:
+            continue
+        text = str(part)
+        if text in PYDANTIC_TYPE_TAGS or "[" in text or text[:1].isupper() or text.startswith(("function-", "constrained-")):
+            break
+        path.append(text)
+    return path
+
+
 class RequestCounter:
     """Pure ASGI middleware counting responses by path and status (Starlette's BaseHTTPMiddleware
     would wrap streaming responses and get in the way of disconnect detection)."""
@@ -313,11 +330,11 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
     async def validation_error(request: Request, error: RequestValidationError):
         problems = error.errors()
         first = problems[0] if problems else {}
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        location = field_path(first.get("loc", ()))
         if first.get("type") == "json_invalid":
             message, param, code = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None, "invalid_json"
         else:
-            message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}" for e in problems[:5])
+            message = "; ".join(f"{'.'.join(field_path(e.get('loc', ()))) or 'body'}: {e.get('msg')}" for e in problems[:5])
             param, code = ".".join(location) or None, "invalid_type" if "type" in str(first.get("type", "")) else "invalid_value"
         return error_response(bad_request(message, param, code), request.url.path)
 
@@ -359,18 +376,18 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
                            "model", "model_not_found")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         settings = prepare(body, default_max_tokens=16)  # OpenAI's default for completions
         prompt_ids = completion_prompt_ids(body, tokenizer, config.vocab_size)
-        return await run(body, settings, prompt_ids, chat=False, param="prompt")
+        return await run(request, body, settings, prompt_ids, chat=False, param="prompt")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest):
+    async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
         settings = prepare(body, default_max_tokens=config.default_max_tokens)
         prompt_ids = chat_prompt_ids(body, tokenizer)
-        return await run(body, settings, prompt_ids, chat=True, param="messages")
+        return await run(request, body, settings, prompt_ids, chat=True, param="messages")
 
     def prepare(body, default_max_tokens: int) -> DecodeSettings:
         settings = resolve_settings(body, config, default_max_tokens)
@@ -380,7 +397,7 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
             raise bad_request(str(error), "speculative", "invalid_speculative") from error
         return settings
 
-    async def run(body, settings: DecodeSettings, prompt_ids: list[int], chat: bool, param: str):
+    async def run(request: Request, body, settings: DecodeSettings, prompt_ids: list[int], chat: bool, param: str):
         check_context(prompt_ids, settings, config, param)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -400,15 +417,17 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
                            headers={"Retry-After": str(full.retry_after)}) from None
         except ShuttingDown as down:
             raise APIError(503, str(down), code="shutting_down", kind="server_error") from None
+        watcher = asyncio.ensure_future(cancel_on_disconnect(request, job))
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         if stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_events(job, events, settings, request_id, created, chat, include_usage),
+            return StreamingResponse(stream_events(job, events, watcher, settings, request_id, created, chat, include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             event = await events.get()
         finally:
+            watcher.cancel()
             job.cancelled.set()  # no-op once finished; frees the worker if this handler is cancelled
         if isinstance(event, JobFailed):
             raise failed_error(event)
@@ -421,12 +440,23 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
                 "model": config.model_name, "system_fingerprint": None, "choices": [choice],
                 "usage": usage_block(event), "speculative": speculative_block(event, settings)}
 
+    async def cancel_on_disconnect(request: Request, job: Job) -> None:
+        """Set the job's cancel flag as soon as the client disconnects (the worker stops after
+        its current round). The body has been read, so the next ASGI message is the disconnect."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                job.cancelled.set()
+                return
+
     def failed_error(event: JobFailed) -> APIError:
+        if event.kind == "cancelled":  # nginx's "client closed request": nobody reads it
+            return APIError(499, event.message, code="cancelled", kind="server_error")
         if event.kind == "shutdown":
             return APIError(503, event.message, code="shutting_down", kind="server_error")
         return APIError(500, event.message, code=event.kind, kind="server_error")
 
-    async def stream_events(job: Job, events: asyncio.Queue, settings, request_id, created, chat, include_usage):
+    async def stream_events(job: Job, events: asyncio.Queue, watcher, settings, request_id, created, chat, include_usage):
         def chunk(delta_or_text, finish_reason=None, **extra):
             choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
             if chat:
@@ -457,6 +487,7 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
                     yield sse("[DONE]")
                     return
         finally:
+            watcher.cancel()
             job.cancelled.set()  # the client went away (or the stream ended): stop after this round
 
     return app
