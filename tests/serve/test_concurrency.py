@@ -122,3 +122,21 @@ def test_workers_share_weights_but_not_caches(tiny_pair, tokenizer):
     assert len({id(worker.target.runner) for worker in workers}) == 3  # one KV cache each
     assert len({id(worker.draft.runner) for worker in workers}) == 3
     assert len({id(worker.tokenizer) for worker in workers}) == 3
+
+
+def test_workers_share_prepacked_bf16_weights(tokenizer):
+    """Where the native runner packs bf16 weights for oneDNN, workers share one packed set."""
+    import torch
+
+    from tests.serve.conftest import tiny_llama
+    from verispec.models.native_llama import _can_prepack
+    from verispec.serve.launch import build_workers
+
+    if not _can_prepack(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("this CPU has no oneDNN bf16 weight prepacking (needs AVX-NE-CONVERT or AVX512 BW/VL/DQ): no packed copies to share")
+    model = tiny_llama(3, len(tokenizer)).to(torch.bfloat16)
+    first, second = build_workers(model, "ngram", tokenizer, 2)
+    assert first.target.runner.prepacked and second.target.runner.linears is first.target.runner.linears
+    first.target.reset([1, 2, 3])
+    second.target.reset([1, 2, 3])
+    assert torch.equal(first.target.score([-1], [-1]), second.target.score([-1], [-1]))

@@ -30,8 +30,31 @@ def build_workers(target_model, draft, tokenizer, workers: int, backend: str = "
     for index in range(workers):
         target = HFModelAdapter(target_model, backend=backend)
         draft_slot = draft if draft is None or isinstance(draft, str) else HFModelAdapter(draft, backend=backend)
+        if slots:
+            share_packed_weights(slots[0].target, target)
+            if not isinstance(draft_slot, (str, type(None))):
+                share_packed_weights(slots[0].draft, draft_slot)
         slots.append(Worker(index, target, draft_slot, tokenizer))
     return slots
+
+
+def share_packed_weights(first: HFModelAdapter, other: HFModelAdapter) -> bool:
+    """Make ``other``'s native runner multiply with ``first``'s oneDNN-packed bf16 weights.
+
+    On CPUs where the native runner prepacks bf16 weights (``models.native_llama``), every adapter
+    holds its own packed copy of the linear weights: one model's worth of memory per worker. The
+    packed tensors are read-only after construction, so workers can share one set; ``other``'s own
+    copy is then freed. Returns whether anything was shared (False: no prepacking here).
+    """
+    from verispec.models.native_llama import NativeLlamaRunner
+
+    mine, theirs = first.runner, other.runner
+    if not (isinstance(mine, NativeLlamaRunner) and isinstance(theirs, NativeLlamaRunner)):
+        return False
+    if not (mine.prepacked and theirs.prepacked) or mine.model is not theirs.model:
+        return False
+    theirs.linears, theirs.head = mine.linears, mine.head
+    return True
 
 
 def build_server(target_model, draft, tokenizer, config: ServerConfig, workers: int = 1, max_queue: int = 8,
