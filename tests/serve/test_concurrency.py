@@ -140,3 +140,14 @@ def test_workers_share_prepacked_bf16_weights(tokenizer):
     first.target.reset([1, 2, 3])
     second.target.reset([1, 2, 3])
     assert torch.equal(first.target.score([-1], [-1]), second.target.score([-1], [-1]))
+
+
+def test_non_streamed_client_that_gives_up_frees_the_worker(single_worker, events):
+    handle, pool = single_worker
+    with pytest.raises(httpx.ReadTimeout):  # the client stops waiting and closes the connection
+        httpx.post(handle.url + "/v1/completions", json=LONG, timeout=httpx.Timeout(60, read=1.0))
+    gave_up = time.monotonic()
+    wait_for(lambda: events, timeout=5)
+    job, event = events[0]
+    assert event.kind == "cancelled" and job.rounds < LONG["max_tokens"]
+    assert time.monotonic() - gave_up < 3.0 and pool.busy_workers == 0
