@@ -140,8 +140,8 @@ def resolve_speculative(request, config: ServerConfig) -> tuple[str, int, int, t
         raise bad_request(f"speculative.draft_len must lie in [1, {config.draft_len}] (the server's -L), got {draft_len}",
                           "speculative.draft_len", "out_of_range")
     if tree is not None:
-        if not tree or len(tree) > config.draft_len or min(tree) < 1 or max(tree) > max(config.num_drafts, 2):
-            raise bad_request(f"speculative.tree needs 1..{config.draft_len} depths of 1..{max(config.num_drafts, 2)} "
+        if not tree or len(tree) > config.draft_len or min(tree) < 1 or max(tree) > config.num_drafts:
+            raise bad_request(f"speculative.tree needs 1..{config.draft_len} depths of 1..{config.num_drafts} "
                               f"children each (the server's -L and -K), got {list(tree)}", "speculative.tree", "out_of_range")
     return method, num_drafts, draft_len, tree
 
@@ -158,8 +158,9 @@ def resolve_settings(request, config: ServerConfig, default_max_tokens: int) -> 
     top_k = 0 if request.top_k is None else request.top_k
     if top_k < 0:
         raise bad_request(f"top_k must be >= 0 (0 disables it), got {top_k}", "top_k")
-    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
-    param = "max_tokens"
+    max_tokens, param = request.max_tokens, "max_tokens"
+    if getattr(request, "max_completion_tokens", None) is not None:  # chat's newer name wins
+        max_tokens, param = request.max_completion_tokens, "max_completion_tokens"
     if max_tokens is None:
         max_tokens = default_max_tokens
     if max_tokens < 1:

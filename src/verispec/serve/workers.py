@@ -19,6 +19,7 @@ N parallel decodes do not oversubscribe the cores.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import queue
@@ -32,6 +33,7 @@ import torch
 from verispec.engine.decoder import GenerationOutput, SpeculativeDecoder
 from verispec.serve.streaming import TextDeltas
 
+LOG = logging.getLogger(__name__)
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "context": "length", "time_limit": "length"}
 
 
@@ -213,7 +215,7 @@ class WorkerPool:
             except queue.Empty:
                 break
             if job is not None:
-                self._fail(job, JobFailed("shutdown", "the server shut down before this request started"))
+                self._report(job, JobFailed("shutdown", "the server shut down before this request started"))
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
@@ -252,7 +254,10 @@ class WorkerPool:
             finally:
                 with self._lock:
                     self._busy -= 1
-            self._fail(job, event) if isinstance(event, JobFailed) else self._deliver(job, event)
+            try:
+                self._report(job, event)
+            except Exception:  # the hook failed; the request has its event, the worker goes on
+                LOG.exception("the on_finished hook failed")
 
     def _run(self, worker: Worker, job: Job) -> JobEvent:
         queue_seconds = time.perf_counter() - job.enqueued_at
@@ -290,12 +295,11 @@ class WorkerPool:
                 job.emit(TextDelta(rest))
         return JobFinished(output, output.text, FINISH_REASONS[stop_reason], stop_reason, queue_seconds, worker.index)
 
-    def _deliver(self, job: Job, event: JobFinished) -> None:
-        if self.on_finished is not None:
-            self.on_finished(job, event)
-        job.emit(event)
-
-    def _fail(self, job: Job, event: JobFailed) -> None:
-        if self.on_finished is not None:
-            self.on_finished(job, event)
-        job.emit(event)
+    def _report(self, job: Job, event: JobEvent) -> None:
+        """Hand the final event to the hook (metrics) and to the request; a failing hook must not
+        kill the worker thread or leave the request waiting."""
+        try:
+            if self.on_finished is not None:
+                self.on_finished(job, event)
+        finally:
+            job.emit(event)
