@@ -151,3 +151,24 @@ def test_non_streamed_client_that_gives_up_frees_the_worker(single_worker, event
     job, event = events[0]
     assert event.kind == "cancelled" and job.rounds < LONG["max_tokens"]
     assert time.monotonic() - gave_up < 3.0 and pool.busy_workers == 0
+
+
+def test_shutdown_cancels_what_outlives_the_grace_period(tiny_pair, tokenizer):
+    handle, pool = start_server(tiny_pair, tokenizer, workers=1, graceful_seconds=0.5)
+    outcome = {}
+
+    def long_request():
+        try:
+            outcome["status"] = httpx.post(handle.url + "/v1/completions", json=LONG, timeout=60).status_code
+        except httpx.HTTPError as error:  # the server closed the connection
+            outcome["error"] = error
+
+    client = threading.Thread(target=long_request)
+    client.start()
+    wait_for(lambda: pool.busy_workers == 1)
+    started = time.monotonic()
+    handle.stop()
+    assert time.monotonic() - started < 10  # far less than the uncancelled decode
+    client.join(30)
+    assert outcome.get("status") != 200  # cut off, not answered as if complete
+    assert pool.busy_workers == 0 and pool._threads == []
