@@ -1,0 +1,59 @@
+"""``verispec serve`` end to end as a process: flags, /health, a chat answer, clean exit on SIGINT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.serve.conftest import tiny_llama
+from verispec.cli.main import main
+
+
+@pytest.mark.parametrize("flag,value,message", [("--workers", "0", "--workers must be >= 1"),
+                                                ("--max-queue", "0", "--max-queue must be >= 1"),
+                                                ("--request-timeout", "0", "--request-timeout must be > 0")])
+def test_bad_flags_exit_2_naming_the_flag(capsys, flag, value, message):
+    assert main(["serve", flag, value]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_process(tmp_path, tokenizer):
+    target_dir = tmp_path / "tiny-target"
+    tiny_llama(5, len(tokenizer), max_positions=512).save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "verispec.cli.main", "serve", "--target", str(target_dir), "--draft", "ngram",
+               "--host", "127.0.0.1", "--port", str(port), "--method", "spectr", "-K", "2", "-L", "3", "--workers", "2", "--threads-per-worker", "1"]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "no /health within 120 s"
+            time.sleep(0.2)
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny-target"
+        answer = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny-target", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6}).json()
+        assert answer["speculative"]["method"] == "spectr" and answer["speculative"]["num_drafts"] == 2
+        assert answer["speculative"]["draft_len"] == 3 and answer["usage"]["completion_tokens"] >= 1
+    finally:
+        server.send_signal(signal.SIGINT)
+        code = server.wait(timeout=60)
+    assert code == 0
+    assert "2 workers x 1 torch threads" in server.stderr.read()
