@@ -87,8 +87,12 @@ def test_rules_and_shapes(client, speculative):
 
 
 def test_same_seed_same_answer_on_either_worker(client):
-    answers = {client.completions.create(model=MODEL, prompt="x y z", max_tokens=16, seed=11).choices[0].text for _ in range(4)}
-    assert len(answers) == 1
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:  # 4 at once on 2 workers: both decode
+        responses = list(pool.map(lambda _: client.completions.create(model=MODEL, prompt="x y z", max_tokens=16, seed=11), range(4)))
+    assert len({r.choices[0].text for r in responses}) == 1
+    assert {r.model_extra["speculative"]["worker"] for r in responses} == {0, 1}
 
 
 def collect_stream(stream, chat: bool):
