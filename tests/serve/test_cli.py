@@ -57,3 +57,27 @@ def test_serve_process(tmp_path, tokenizer):
         code = server.wait(timeout=60)
     assert code == 0
     assert "2 workers x 1 torch threads" in server.stderr.read()
+
+
+@pytest.mark.parametrize("method,num_drafts,tree,error", [
+    ("sd", 3, None, None),  # a chain rule under a server K of 3: requests default to K = 1
+    ("spechub", 2, None, None),
+    ("rrsw", 2, (2, 2, 1), None),
+    ("nope", 1, None, "unknown speculative.method"),
+    ("spechub", 3, (3, 1), "spechub trees have 1 or 2 children"),
+])
+def test_default_rule_is_checked_at_start(tiny_pair, tokenizer, method, num_drafts, tree, error):
+    from verispec.cli.serve import check_default_rule
+    from verispec.errors import ConfigError
+    from verispec.serve.app import ServerConfig
+    from verispec.serve.launch import build_workers
+    from verispec.serve.workers import WorkerPool
+
+    target, draft = tiny_pair
+    config = ServerConfig("m", method, num_drafts, len(tree) if tree else 4, tree, 4096, target.config.vocab_size)
+    pool = WorkerPool(build_workers(target, draft, tokenizer, 1), max_queue=1)
+    if error is None:
+        check_default_rule(pool, config)
+    else:
+        with pytest.raises(ConfigError, match=error):
+            check_default_rule(pool, config)

@@ -66,13 +66,25 @@ def run_serve(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace,
     )
     app, pool = build_server(target_model, draft, tokenizer, config, args.workers, args.max_queue, args.threads_per_worker, args.backend)
-    from verispec.serve.workers import DecodeSettings
-
-    # the server's own default must be a valid request: fail at start, not on the first request
-    pool.check(DecodeSettings(config.method, 1 if config.method == "ar" else config.num_drafts, config.draft_len, config.tree,
-                              1.0, 0, 1.0, 1, (), 0))
+    check_default_rule(pool, config)
     print(f"verispec serve: {config.model_name} on http://{args.host}:{args.port} ({args.workers} workers x "
           f"{pool.threads_per_worker} torch threads, queue {args.max_queue}, default {config.method} K={config.num_drafts} "
           f"L={config.draft_len}, pid {os.getpid()})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_grace)
     return 0
+
+
+def check_default_rule(pool, config) -> None:
+    """Raise ``ConfigError`` unless a request without a ``speculative`` object can be served: a
+    bad --method / -K / -L / --tree fails at start, not on every request."""
+    from types import SimpleNamespace
+
+    from verispec.errors import ConfigError
+    from verispec.serve.app import APIError, resolve_speculative
+    from verispec.serve.workers import DecodeSettings
+
+    try:
+        method, num_drafts, draft_len, tree = resolve_speculative(SimpleNamespace(speculative=None), config)
+    except APIError as error:
+        raise ConfigError(f"the server's default rule is invalid: {error.message}") from None
+    pool.check(DecodeSettings(method, num_drafts, draft_len, tree, 1.0, 0, 1.0, 1, (), 0))
