@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_draft_parser(sub)
     add_distill_parser(sub)
+
+    from verispec.cli.serve import add_serve_parser
+
+    add_serve_parser(sub, _add_model_flags, _int_list)
     return parser
 
 
@@ -128,6 +132,10 @@ def main(argv=None) -> int:
             from verispec.cli.bench import run_bench
 
             return run_bench(args)
+        if args.command == "serve":
+            from verispec.cli.serve import run_serve
+
+            return run_serve(args)
         if args.command == "theory":
             from verispec.cli.bench import run_theory
 

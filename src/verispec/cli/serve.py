@@ -1,0 +1,90 @@
+"""``verispec serve``: the OpenAI-compatible server (``verispec.serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def add_serve_parser(sub, add_model_flags, int_list) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    add_model_flags(serve)
+    serve.add_argument("--method", default="sd", help="default verification rule of requests (a registry name or 'ar')")
+    serve.add_argument("-K", "--num-drafts", type=int, default=1, help="default and largest K a request may ask for")
+    serve.add_argument("-L", "--draft-len", type=int, default=4, help="default and largest L a request may ask for")
+    serve.add_argument("--tree", type=int_list, default=None, help="default tree (children per depth) for tree rules, e.g. 2,2,1")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1, help="parallel decodes, each with its own KV caches over one shared model")
+    serve.add_argument("--max-queue", type=int, default=8, help="requests waiting beyond the running ones; more get 429 + Retry-After")
+    serve.add_argument("--threads-per-worker", type=int, default=None, help="torch threads per worker (default: cores // workers, at least 1)")
+    serve.add_argument("--request-timeout", type=float, default=300.0,
+                       help="seconds of decoding per request; then the answer so far is returned with finish_reason 'length'")
+    serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of chat requests that give none")
+    serve.add_argument("--served-model-name", default=None, help="the model id clients pass (default: the target's directory name)")
+    serve.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds in-flight requests get to finish on shutdown")
+
+
+def served_name(target: str | None) -> str:
+    from verispec.models.default import DEFAULT_NAME
+
+    return DEFAULT_NAME if target in (None, "default") else Path(target).expanduser().resolve().name
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from verispec.cli.generate import load_pair
+    from verispec.errors import ConfigError
+    from verispec.serve.app import ServerConfig
+    from verispec.serve.launch import build_server
+
+    for name, value, low in (("--workers", args.workers, 1), ("--max-queue", args.max_queue, 1), ("--default-max-tokens", args.default_max_tokens, 1)):
+        if value < low:
+            raise ConfigError(f"{name} must be >= {low}, got {value}")
+    if args.request_timeout <= 0:
+        raise ConfigError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    # the draft is always loaded: a request may choose any rule, whatever the server's default
+    target_model, tokenizer, draft = load_pair(args.target, args.draft, args.dtype, args.device, need_draft=True)
+    if args.device != "cpu" and args.workers > 1:
+        print("verispec serve: note: several workers share one device; they do not run in parallel on it", file=sys.stderr)
+    out = target_model.get_output_embeddings()
+    tree = tuple(args.tree) if args.tree else None
+    config = ServerConfig(
+        model_name=args.served_model_name or served_name(args.target),
+        method=args.method,
+        # a tree sets the largest shape too: its depth is L, its widest level bounds K
+        num_drafts=max(args.num_drafts, max(tree)) if tree else args.num_drafts,
+        draft_len=len(tree) if tree else args.draft_len,
+        tree=tree,
+        max_context=int(target_model.config.max_position_embeddings),
+        vocab_size=int(out.weight.shape[0]) if out is not None else int(target_model.config.vocab_size),
+        default_max_tokens=args.default_max_tokens,
+        request_timeout=args.request_timeout,
+        shutdown_grace=args.shutdown_grace,
+    )
+    app, pool = build_server(target_model, draft, tokenizer, config, args.workers, args.max_queue, args.threads_per_worker, args.backend)
+    check_default_rule(pool, config)
+    print(f"verispec serve: {config.model_name} on http://{args.host}:{args.port} ({args.workers} workers x "
+          f"{pool.threads_per_worker} torch threads, queue {args.max_queue}, default {config.method} K={config.num_drafts} "
+          f"L={config.draft_len}, pid {os.getpid()})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_grace)
+    return 0
+
+
+def check_default_rule(pool, config) -> None:
+    """Raise ``ConfigError`` unless a request without a ``speculative`` object can be served: a
+    bad --method / -K / -L / --tree fails at start, not on every request."""
+    from types import SimpleNamespace
+
+    from verispec.errors import ConfigError
+    from verispec.serve.app import APIError, resolve_speculative
+    from verispec.serve.workers import DecodeSettings
+
+    try:
+        method, num_drafts, draft_len, tree = resolve_speculative(SimpleNamespace(speculative=None), config)
+    except APIError as error:
+        raise ConfigError(f"the server's default rule is invalid: {error.message}") from None
+    pool.check(DecodeSettings(method, num_drafts, draft_len, tree, 1.0, 0, 1.0, 1, (), 0))

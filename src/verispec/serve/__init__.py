@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server over the speculative decoding engine (``verispec serve``)."""

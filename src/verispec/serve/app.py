@@ -1,0 +1,494 @@
+"""The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions, /v1/chat/completions,
+/health, /metrics.
+
+Every request is validated in the event loop (types, ranges, the ``speculative`` extension against
+the server's limits, the prompt against the context) before it is queued, so bad input is always a
+400 (or 404 for an unknown model) and a 500 means a bug. Errors use OpenAI's body
+``{"error": {"message", "type", "param", "code"}}``. Streams are server-sent events in OpenAI's
+chunk format ending with ``data: [DONE]``; when the client disconnects the decode is cancelled.
+Responses carry OpenAI's fields plus a top-level ``speculative`` object (``speculative_block``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections import Counter as Tally
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from verispec.errors import ConfigError
+from verispec.serve.metrics import CONTENT_TYPE, ServerMetrics
+from verispec.serve.schemas import ChatRequest, CompletionRequest
+from verispec.serve.workers import DecodeSettings, Job, JobFailed, JobFinished, QueueFull, ShuttingDown, TextDelta, WorkerPool
+from verispec.verify.registry import METHODS
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+MAX_STOP_STRINGS = 4
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
+SEED_MODULUS = 2**63  # numpy seeds are non-negative; any OpenAI int64 seed maps onto one
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server was started with.
+
+    method / num_drafts / draft_len / tree: the default rule and shape; a request may choose any
+    registered rule with K <= num_drafts and L <= draft_len (tree widths <= K, depth <= L).
+    max_context / vocab_size: the target's. default_max_tokens: chat requests without max_tokens.
+    request_timeout: seconds of decoding per request, after which the answer so far is returned
+    with finish_reason "length" (speculative.stop_reason "time_limit").
+    """
+
+    model_name: str
+    method: str
+    num_drafts: int
+    draft_len: int
+    tree: tuple[int, ...] | None
+    max_context: int
+    vocab_size: int
+    default_max_tokens: int = 256
+    request_timeout: float = 300.0
+    shutdown_grace: float = 10.0
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's format."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code)
+
+
+# --------------------------------------------------------------------------------- validation
+def check_unsupported(request) -> None:
+    """Refuse fields that would change the answer but are not implemented (400, naming the field)."""
+    if request.n not in (None, 1):
+        raise bad_request(f"n={request.n} is not supported: this server returns one choice per request (n = 1)", "n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, name) not in (None, 0, 0.0):
+            raise bad_request(f"{name} is not supported by verispec's verification rules; leave it at 0", name)
+    if request.logit_bias:
+        raise bad_request("logit_bias is not supported; leave it out", "logit_bias")
+    if isinstance(request, CompletionRequest):
+        if request.echo:
+            raise bad_request("echo is not supported", "echo")
+        if request.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        if request.best_of not in (None, 1):
+            raise bad_request("best_of > 1 is not supported", "best_of")
+        if request.logprobs:
+            raise bad_request("logprobs are not supported", "logprobs")
+    else:
+        if request.logprobs or request.top_logprobs:
+            raise bad_request("logprobs are not supported", "logprobs")
+        if request.tools:
+            raise bad_request("tools (function calling) are not supported", "tools")
+
+
+def resolve_speculative(request, config: ServerConfig) -> tuple[str, int, int, tuple[int, ...] | None]:
+    """(method, K, L, tree) of a request: its ``speculative`` object within the server's limits.
+
+    Omitted fields: the server's method; K = 1 for chain rules, 2 for spechub, the server's K for
+    the other multi-draft rules; L = the server's L; the server's tree for its own method.
+    """
+    options = request.speculative
+    method = options.method if options and options.method is not None else config.method
+    if method != "ar":
+        if method not in METHODS:
+            raise bad_request(f"unknown speculative.method {method!r}; choose one of: ar, {', '.join(METHODS)}",
+                              "speculative.method", "invalid_method")
+        if method == "sprinter":
+            raise bad_request("speculative.method 'sprinter' needs a trained verifier, which this server was not started with",
+                              "speculative.method", "invalid_method")
+    spec = METHODS.get(method)
+    num_drafts = options.num_drafts if options and options.num_drafts is not None else None
+    draft_len = options.draft_len if options and options.draft_len is not None else config.draft_len
+    tree = tuple(options.tree) if options and options.tree is not None else None
+    if num_drafts is None:
+        if spec is None or spec.draft == "chain":
+            num_drafts = 1
+        elif spec.draft == "tree":
+            num_drafts = 2
+        else:
+            num_drafts = config.num_drafts
+    if tree is None and method == config.method and config.tree is not None and not (options and (options.num_drafts or options.draft_len)):
+        tree = config.tree
+    if method == "ar":
+        return "ar", 1, 1, None
+    if not 1 <= num_drafts <= config.num_drafts:
+        raise bad_request(f"speculative.num_drafts must lie in [1, {config.num_drafts}] (the server's -K), got {num_drafts}",
+                          "speculative.num_drafts", "out_of_range")
+    if not 1 <= draft_len <= config.draft_len:
+        raise bad_request(f"speculative.draft_len must lie in [1, {config.draft_len}] (the server's -L), got {draft_len}",
+                          "speculative.draft_len", "out_of_range")
+    if tree is not None:
+        if not tree or len(tree) > config.draft_len or min(tree) < 1 or max(tree) > config.num_drafts:
+            raise bad_request(f"speculative.tree needs 1..{config.draft_len} depths of 1..{config.num_drafts} "
+                              f"children each (the server's -L and -K), got {list(tree)}", "speculative.tree", "out_of_range")
+    return method, num_drafts, draft_len, tree
+
+
+def resolve_settings(request, config: ServerConfig, default_max_tokens: int) -> DecodeSettings:
+    """Validated ``DecodeSettings`` of a request (400 naming the field otherwise)."""
+    check_unsupported(request)
+    temperature = 1.0 if request.temperature is None else request.temperature
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise bad_request(f"temperature must lie in [0, {MAX_TEMPERATURE}] (0 = greedy), got {temperature}", "temperature")
+    top_p = 1.0 if request.top_p is None else request.top_p
+    if not 0.0 < top_p <= 1.0:
+        raise bad_request(f"top_p must lie in (0, 1], got {top_p}", "top_p")
+    top_k = 0 if request.top_k is None else request.top_k
+    if top_k < 0:
+        raise bad_request(f"top_k must be >= 0 (0 disables it), got {top_k}", "top_k")
+    max_tokens, param = request.max_tokens, "max_tokens"
+    if getattr(request, "max_completion_tokens", None) is not None:  # chat's newer name wins
+        max_tokens, param = request.max_completion_tokens, "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if max_tokens < 1:
+        raise bad_request(f"max_tokens must be >= 1, got {max_tokens}", param)
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
+        raise bad_request(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings, got {stop!r}", "stop")
+    seed = secrets.randbits(63) if request.seed is None else request.seed % SEED_MODULUS
+    method, num_drafts, draft_len, tree = resolve_speculative(request, config)
+    return DecodeSettings(method, num_drafts, draft_len, tree, float(temperature), int(top_k), float(top_p),
+                          int(max_tokens), tuple(stop), int(seed))
+
+
+def completion_prompt_ids(request: CompletionRequest, tokenizer, vocab_size: int) -> list[int]:
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise bad_request(f"a batch of {len(prompt)} prompts is not supported; send one prompt per request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = list(tokenizer.encode(prompt))
+    else:
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise bad_request(f"prompt token ids must lie in [0, {vocab_size}), got {bad[:5]}", "prompt")
+    if not ids:
+        if tokenizer.bos_token_id is None:
+            raise bad_request("the prompt is empty and the tokenizer has no BOS token to start from", "prompt")
+        ids = [int(tokenizer.bos_token_id)]
+    return ids
+
+
+def chat_prompt_ids(request: ChatRequest, tokenizer) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in request.messages]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # jinja raises its own errors for messages a template refuses
+        raise bad_request(f"the model's chat template refused these messages: {error}", "messages") from error
+    # the rendered template holds every special token already (as verispec.models.default.encode_prompt)
+    return list(tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def check_context(prompt_ids: list[int], settings: DecodeSettings, config: ServerConfig, param: str) -> None:
+    room = config.max_context - settings.draft_len - 1
+    if len(prompt_ids) >= room:
+        raise bad_request(
+            f"the prompt has {len(prompt_ids)} tokens; this model's context of {config.max_context} tokens leaves room "
+            f"for prompts of at most {room - 1} tokens with draft_len {settings.draft_len}; shorten the prompt",
+            param, "context_length_exceeded",
+        )
+
+
+# ------------------------------------------------------------------------------------ responses
+def speculative_block(event: JobFinished, settings: DecodeSettings) -> dict:
+    """The top-level ``speculative`` object: rule, shape, block efficiency, accepted lengths, times."""
+    output = event.output
+    taus = [step.accepted_len for step in output.steps]
+    histogram = Tally(taus)
+    times = output.time_breakdown()
+    return {
+        "method": output.method,
+        "num_drafts": output.num_drafts,
+        "draft_len": output.draft_len,
+        "tree": None if settings.tree is None else list(settings.tree),
+        "block_efficiency": output.block_efficiency,
+        "target_calls": output.target_calls,
+        "draft_calls": output.draft_calls,
+        "mean_accepted_length": output.mean_accepted_len,
+        "acceptance_rate": output.acceptance_rate,
+        "accepted_lengths": taus,
+        "accepted_length_histogram": [histogram.get(tau, 0) for tau in range(output.draft_len + 1)],
+        "draft_seconds": times["draft"],
+        "target_seconds": times["target"],
+        "verify_seconds": times["verify"],
+        "other_seconds": times["other"],
+        "prefill_seconds": output.prefill_seconds,
+        "decode_seconds": output.seconds,
+        "queue_seconds": event.queue_seconds,
+        "stop_reason": event.stop_reason,
+        "seed": settings.seed,
+        "worker": event.worker,
+    }
+
+
+def usage_block(event: JobFinished) -> dict:
+    prompt, completion = len(event.output.prompt_ids), event.output.new_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def field_path(location) -> list[str]:
+    """The request field of a pydantic error location: ("body", "stop", "list[str]", 0) -> ["stop"].
+    Stops at the first union-member tag (a type name), which is no part of the request's shape."""
+    path = []
+    for part in location:
+        if part == "body" and not path:
+            continue
+        text = str(part)
+        if text in PYDANTIC_TYPE_TAGS or "[" in text or text[:1].isupper() or text.startswith(("function-", "constrained-")):
+            break
+        path.append(text)
+    return path
+
+
+class RequestCounter:
+    """Pure ASGI middleware counting responses by path and status (Starlette's BaseHTTPMiddleware
+    would wrap streaming responses and get in the way of disconnect detection)."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                path = scope["path"] if scope["path"] in ENDPOINTS else "other"  # bounded label values
+                self.metrics.requests.labels(path, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+# ------------------------------------------------------------------------------------------ app
+def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
+    """The FastAPI app over a (not yet started) pool; the pool starts and stops with the app.
+
+    tokenizer: used in the event loop only (encoding prompts); the workers decode with copies.
+    """
+    metrics = metrics or ServerMetrics(lambda: pool.queue_depth, lambda: pool.busy_workers)
+    previous_hook = pool.on_finished
+
+    def on_finished(job, event):
+        (metrics.record_finished if isinstance(event, JobFinished) else metrics.record_failed)(event)
+        if previous_hook is not None:
+            previous_hook(job, event)
+
+    pool.on_finished = on_finished
+
+    @asynccontextmanager
+    async def lifespan(app):
+        pool.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, pool.shutdown, config.shutdown_grace)
+
+    app = FastAPI(title="verispec", lifespan=lifespan)
+    app.state.pool, app.state.metrics, app.state.config = pool, metrics, config
+
+    def error_response(error: APIError, endpoint: str) -> JSONResponse:
+        metrics.errors.labels(error.code or error.kind).inc()
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError):
+        return error_response(error, request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError):
+        problems = error.errors()
+        first = problems[0] if problems else {}
+        location = field_path(first.get("loc", ()))
+        if first.get("type") == "json_invalid":
+            message, param, code = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None, "invalid_json"
+        else:
+            message = "; ".join(f"{'.'.join(field_path(e.get('loc', ()))) or 'body'}: {e.get('msg')}" for e in problems[:5])
+            param, code = ".".join(location) or None, "invalid_type" if "type" in str(first.get("type", "")) else "invalid_value"
+        return error_response(bad_request(message, param, code), request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        return error_response(APIError(error.status_code, str(error.detail), code=str(error.status_code),
+                                       headers=dict(error.headers or {})), request.url.path)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception):
+        return error_response(APIError(500, f"internal error: {type(error).__name__}: {error}", kind="server_error",
+                                       code="internal_error"), request.url.path)
+
+    app.add_middleware(RequestCounter, metrics=metrics)
+
+    @app.get("/health")
+    async def health():
+        ready = pool.accepting
+        body = {"status": "ok" if ready else "shutting_down", "model": config.model_name, "workers": len(pool.workers),
+                "busy_workers": pool.busy_workers, "queue_depth": pool.queue_depth, "max_queue": pool.max_queue}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": config.model_name, "object": "model", "created": 0, "owned_by": "verispec"}]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        check_model(name)
+        return {"id": config.model_name, "object": "model", "created": 0, "owned_by": "verispec"}
+
+    def check_model(name: str) -> None:
+        if name != config.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {config.model_name!r}",
+                           "model", "model_not_found")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        settings = prepare(body, default_max_tokens=16)  # OpenAI's default for completions
+        prompt_ids = completion_prompt_ids(body, tokenizer, config.vocab_size)
+        return await run(request, body, settings, prompt_ids, chat=False, param="prompt")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        check_model(body.model)
+        settings = prepare(body, default_max_tokens=config.default_max_tokens)
+        prompt_ids = chat_prompt_ids(body, tokenizer)
+        return await run(request, body, settings, prompt_ids, chat=True, param="messages")
+
+    def prepare(body, default_max_tokens: int) -> DecodeSettings:
+        settings = resolve_settings(body, config, default_max_tokens)
+        try:
+            pool.check(settings)
+        except ConfigError as error:
+            raise bad_request(str(error), "speculative", "invalid_speculative") from error
+        return settings
+
+    async def run(request: Request, body, settings: DecodeSettings, prompt_ids: list[int], chat: bool, param: str):
+        check_context(prompt_ids, settings, config, param)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(event):
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+
+        stream = bool(body.stream)
+        job = Job(prompt_ids, settings, emit, stream=stream, time_limit=config.request_timeout)
+        try:
+            pool.submit(job)
+        except QueueFull as full:
+            raise APIError(429, str(full), code="rate_limit_exceeded", kind="rate_limit_error",
+                           headers={"Retry-After": str(full.retry_after)}) from None
+        except ShuttingDown as down:
+            raise APIError(503, str(down), code="shutting_down", kind="server_error") from None
+        watcher = asyncio.ensure_future(cancel_on_disconnect(request, job))
+        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        if stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_events(job, events, watcher, settings, request_id, created, chat, include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            event = await events.get()
+        finally:
+            watcher.cancel()
+            job.cancelled.set()  # no-op once finished; frees the worker if this handler is cancelled
+        if isinstance(event, JobFailed):
+            raise failed_error(event)
+        choice = {"index": 0, "logprobs": None, "finish_reason": event.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": event.text}
+        else:
+            choice["text"] = event.text
+        return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": config.model_name, "system_fingerprint": None, "choices": [choice],
+                "usage": usage_block(event), "speculative": speculative_block(event, settings)}
+
+    async def cancel_on_disconnect(request: Request, job: Job) -> None:
+        """Set the job's cancel flag as soon as the client disconnects (the worker stops after
+        its current round). The body has been read, so the next ASGI message is the disconnect."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                job.cancelled.set()
+                return
+
+    def failed_error(event: JobFailed) -> APIError:
+        if event.kind == "cancelled":  # nginx's "client closed request": nobody reads it
+            return APIError(499, event.message, code="cancelled", kind="server_error")
+        if event.kind == "shutdown":
+            return APIError(503, event.message, code="shutting_down", kind="server_error")
+        return APIError(500, event.message, code=event.kind, kind="server_error")
+
+    async def stream_events(job: Job, events: asyncio.Queue, watcher, settings, request_id, created, chat, include_usage):
+        def chunk(delta_or_text, finish_reason=None, **extra):
+            choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+            if chat:
+                choice["delta"] = delta_or_text
+            else:
+                choice["text"] = delta_or_text
+            return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": created, "model": config.model_name, "system_fingerprint": None,
+                    "choices": [choice], **extra}
+
+        try:
+            if chat:
+                yield sse(chunk({"role": "assistant", "content": ""}))
+            while True:
+                event = await events.get()
+                if isinstance(event, TextDelta):
+                    yield sse(chunk({"content": event.text} if chat else event.text))
+                elif isinstance(event, JobFinished):
+                    yield sse(chunk({} if chat else "", event.finish_reason, speculative=speculative_block(event, settings)))
+                    if include_usage:
+                        final = chunk({} if chat else "")
+                        final["choices"], final["usage"] = [], usage_block(event)
+                        yield sse(final)
+                    yield sse("[DONE]")
+                    return
+                else:  # failed: OpenAI streams errors as a data line with an error object
+                    yield sse(failed_error(event).body())
+                    yield sse("[DONE]")
+                    return
+        finally:
+            watcher.cancel()
+            job.cancelled.set()  # the client went away (or the stream ended): stop after this round
+
+    return app

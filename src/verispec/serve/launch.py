@@ -1,0 +1,99 @@
+"""Putting a server together: workers over one loaded model pair, and uvicorn in a thread.
+
+``build_server`` makes the pool and the app from already loaded models (the CLI loads them with
+``cli.generate.load_pair``; tests pass tiny random models). ``ServerThread`` runs uvicorn on a
+loopback socket in a background thread (tests, ``benchmarks/serve_load.py``).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from verispec.models.hf import HFModelAdapter
+from verispec.serve.app import ServerConfig, create_app
+from verispec.serve.workers import Worker, WorkerPool
+
+
+def build_workers(target_model, draft, tokenizer, workers: int, backend: str = "auto") -> list[Worker]:
+    """``workers`` decoding slots over ONE target model (and one draft model): each gets its own
+    adapters, hence its own KV caches; the ``torch`` modules and their weights are shared.
+
+    draft: a transformers model, "ngram" or None (plain decoding only).
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    slots = []
+    for index in range(workers):
+        target = HFModelAdapter(target_model, backend=backend)
+        draft_slot = draft if draft is None or isinstance(draft, str) else HFModelAdapter(draft, backend=backend)
+        if slots:
+            share_packed_weights(slots[0].target, target)
+            if not isinstance(draft_slot, (str, type(None))):
+                share_packed_weights(slots[0].draft, draft_slot)
+        slots.append(Worker(index, target, draft_slot, tokenizer))
+    return slots
+
+
+def share_packed_weights(first: HFModelAdapter, other: HFModelAdapter) -> bool:
+    """Make ``other``'s native runner multiply with ``first``'s oneDNN-packed bf16 weights.
+
+    On CPUs where the native runner prepacks bf16 weights (``models.native_llama``), every adapter
+    holds its own packed copy of the linear weights: one model's worth of memory per worker. The
+    packed tensors are read-only after construction, so workers can share one set; ``other``'s own
+    copy is then freed. Returns whether anything was shared (False: no prepacking here).
+    """
+    from verispec.models.native_llama import NativeLlamaRunner
+
+    mine, theirs = first.runner, other.runner
+    if not (isinstance(mine, NativeLlamaRunner) and isinstance(theirs, NativeLlamaRunner)):
+        return False
+    if not (mine.prepacked and theirs.prepacked) or mine.model is not theirs.model:
+        return False
+    theirs.linears, theirs.head = mine.linears, mine.head
+    return True
+
+
+def build_server(target_model, draft, tokenizer, config: ServerConfig, workers: int = 1, max_queue: int = 8,
+                 threads_per_worker: int | None = None, backend: str = "auto"):
+    """(app, pool): the FastAPI app over a fresh pool; the pool starts with the app's lifespan."""
+    pool = WorkerPool(build_workers(target_model, draft, tokenizer, workers, backend), max_queue, threads_per_worker)
+    return create_app(pool, tokenizer, config), pool
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on 127.0.0.1 (a free port) in a daemon thread.
+
+    ``start()`` returns once the server accepts connections; ``stop()`` asks uvicorn to exit
+    (graceful: in-flight requests finish, then the app's lifespan shuts the pool down).
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, graceful_seconds: float = 10.0):
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.host, self.port = self.socket.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=graceful_seconds, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True, name="verispec-uvicorn")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.socket.close()
