@@ -21,6 +21,7 @@ from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter
+from verispec.engine.streaming import TextStream, stop_cut
 from verispec.errors import ConfigError
 from verispec.verify.modification import advance_windows, modify_tree_targets
 from verispec.verify.registry import MethodSpec, get_method
@@ -174,13 +175,15 @@ class TextDecoding:
             pass
         return self.last_output
 
-    def stream(self, prompt: str | Sequence[int]) -> Iterator[str]:
-        """Yield text as blocks are accepted (the concatenation equals ``generate().text``)."""
-        printed = ""
-        for output in self._run(prompt):
-            if output.text.startswith(printed) and len(output.text) > len(printed):
-                yield output.text[len(printed) :]
-                printed = output.text
+    def stream(self, prompt: str | Sequence[int], rng=None) -> Iterator[str]:
+        """Yield text as blocks are accepted; the concatenation equals ``generate(prompt, rng).text``
+        exactly. Only a tail that a later block could still change is held back (an unfinished
+        UTF-8 character, trailing spaces, a possible start of a stop string): ``TextStream``."""
+        text_stream = TextStream(self.stop)
+        for output in self._run(prompt, rng):
+            piece = text_stream.push(output.text, final=output.stop_reason != "running")
+            if piece:
+                yield piece
 
     def _run(self, prompt, rng=None) -> Iterator[GenerationOutput]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -350,9 +353,8 @@ class SpeculativeDecoder(TextDecoding):
             stop_reason = self._stop_reason(generated)
             if stop_reason:
                 generated = self._truncate(generated)
-            text = self._decode(generated)
-            if self.stop and any(s in text for s in self.stop):
-                text = text[: min(text.index(s) for s in self.stop if s in text)]
+            text, stopped = stop_cut(self._decode(generated), self.stop)
+            if stopped:
                 stop_reason = "stop_string"
             step.other_seconds += time.perf_counter() - tic
             steps.append(step)
@@ -364,7 +366,7 @@ class SpeculativeDecoder(TextDecoding):
             if stop_reason:
                 return
         self.last_output = GenerationOutput(
-            self.method, self.num_drafts, self.draft_len, prompt_ids, list(generated), self._decode(generated), steps,
+            self.method, self.num_drafts, self.draft_len, prompt_ids, list(generated), stop_cut(self._decode(generated), self.stop)[0], steps,
             time.perf_counter() - start, prefill_seconds, stop_reason, asdict(self.params),
         )
         yield self.last_output
