@@ -130,6 +130,11 @@ def load_model(
             f"model directory {str(path)!r} does not exist; give a local Hugging Face model directory "
             "(config.json + weights + tokenizer) or 'default' for the embedded SmolLM2-135M-Instruct"
         )
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model directory {str(path)!r} has no config.json; give a Hugging Face model directory "
+            "(config.json + weights + tokenizer files, e.g. from save_pretrained) or 'default'"
+        )
     return load_pretrained_dir(path, dtype, device)
 
 
