@@ -86,11 +86,11 @@ def reported_q_differs_from_sampled_q():
 
 
 MUTANTS = {
-    "(a) windows dropped between rounds": (windows_dropped_between_rounds, ["gbv-mod", "spectr-gbv-star", "spectr-gbv-star-greedy-draft"]),
-    "(b) windows at the round root only": (windows_applied_at_root_only, ["gbv-mod", "spectr-gbv-star", "spectr-gbv-star-greedy-draft"]),
-    "(c) window stacking reversed": (stacking_reversed, ["gbv-mod", "spectr-gbv-star", "spectr-gbv-star-greedy-draft"]),
-    "(c) windows not advanced": (windows_not_advanced, ["gbv-mod", "spectr-gbv-star", "spectr-gbv-star-greedy-draft"]),
-    "(c) window joint P(z) not advanced": (window_joint_not_updated, ["gbv-mod", "spectr-gbv-star", "spectr-gbv-star-greedy-draft"]),
+    "(a) windows dropped between rounds": (windows_dropped_between_rounds, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(b) windows at the round root only": (windows_applied_at_root_only, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(c) window stacking reversed": (stacking_reversed, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(c) windows not advanced": (windows_not_advanced, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(c) window joint P(z) not advanced": (window_joint_not_updated, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
     "reported q != sampled q": (reported_q_differs_from_sampled_q, ["sd", "gbv-mod", "spectr", "spectr-gbv-star"]),
 }
 

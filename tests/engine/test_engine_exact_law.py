@@ -36,9 +36,9 @@ TOLERANCE = 1e-9
 # ``RootBranchingDrafter``: its two paths branch at the root, deeper rows are point masses.
 CASES = {
     "gbv-mod": dict(method="gbv-mod", draft_len=2, top_k=2),
+    "gbv-mod-L3-greedy-draft": dict(method="gbv-mod", draft_len=3, top_k=2, draft_temperature=0.0),
     "spectr-gbv-star": dict(method="spectr-gbv-star", num_drafts=2, draft_len=2, top_k=2, root_branching=True),
-    "spectr-gbv-star-greedy-draft": dict(method="spectr-gbv-star", num_drafts=2, draft_len=2, draft_temperature=0.0),
-    "gbv-mod-greedy-draft": dict(method="gbv-mod", draft_len=2, draft_temperature=0.0),
+    "spectr-gbv-star-L3": dict(method="spectr-gbv-star", num_drafts=2, draft_len=3, top_k=2, root_branching=True),
     "sd": dict(method="sd", draft_len=2, top_k=2),
     "bv": dict(method="bv", draft_len=2, top_k=2),
     "spectr": dict(method="spectr", num_drafts=2, draft_len=1, top_k=2),
@@ -67,6 +67,8 @@ def engine_law(case: dict, control: str | None = None) -> tuple[dict, int]:
     target, draft = memos()
     case = dict(case)
     draft_adapter = ExactForwardAdapter(draft.model, draft)
+    if case.pop("ngram_draft", False):
+        draft_adapter = "ngram"
     if case.pop("root_branching", False):
         draft_adapter = RootBranchingDrafter(draft_adapter, SamplingParams(1.0, case.get("top_k", 0), 1.0))
     decoder = SpeculativeDecoder(

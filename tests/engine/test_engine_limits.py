@@ -46,17 +46,26 @@ def test_bad_settings(models, kwargs, message):
         SpeculativeDecoder(target, draft, method="sd", **kwargs)
 
 
+class EosOnlyTokenizer:
+    eos_token_id = 1
+
+    @staticmethod
+    def decode(ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
 def test_eos_includes_the_generation_config_list(models):
     target, draft = models
     target.generation_config.eos_token_id = [3, 5]
     try:
-        decoder = SpeculativeDecoder(target, draft, method="sd")
-        assert decoder.eos_ids == {3, 5}
-        assert SpeculativeDecoder(target, draft, method="sd", eos_token_id=4).eos_ids == {4}
+        decoder = SpeculativeDecoder(target, draft, tokenizer=EosOnlyTokenizer(), method="sd")
+        assert decoder.eos_ids == {1, 3, 5}
+        assert SpeculativeDecoder(target, draft, method="sd").eos_ids == set()  # token ids only: no implicit EOS
+        assert SpeculativeDecoder(target, draft, tokenizer=EosOnlyTokenizer(), method="sd", eos_token_id=4).eos_ids == {4}
         output = decoder.generate([1, 2], rng=None)
         assert output.stop_reason in ("eos", "max_new_tokens")
         if output.stop_reason == "eos":
-            assert output.token_ids[-1] in (3, 5)
+            assert output.token_ids[-1] in (1, 3, 5)
     finally:
         target.generation_config.eos_token_id = None
 

@@ -151,10 +151,13 @@ def check_stop_strings(stop) -> tuple[str, ...]:
 
 
 def eos_token_ids(eos_token_id, tokenizer, target) -> set[int]:
-    """The EOS ids: ``eos_token_id`` if given, else the union of the tokenizer's EOS and the target
-    model's ``generation_config.eos_token_id`` (chat models often list several, e.g. <|im_end|>)."""
+    """The EOS ids: ``eos_token_id`` if given, else, with a tokenizer, the union of the tokenizer's
+    EOS and the target model's ``generation_config.eos_token_id`` (chat models often list several,
+    e.g. <|im_end|> and <|endoftext|>). Token-id decoding without a tokenizer has no implicit EOS."""
     if eos_token_id is None:
-        found = [] if tokenizer is None or tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        if tokenizer is None:
+            return set()
+        found = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         config = getattr(getattr(target, "model", None), "generation_config", None)
         if config is not None and getattr(config, "eos_token_id", None) is not None:
             found += list(np.atleast_1d(config.eos_token_id))
