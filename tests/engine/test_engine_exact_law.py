@@ -7,9 +7,16 @@ modifications left by GBV-mod / SpecTr-GBV★ are advanced, stacked and applied 
 between rounds. Model rows come from memoised full forwards (``ExactForwardAdapter``, pinned to
 the KV-cached adapter below), so a case costs seconds.
 
-Mutants this catches (``python -m tests.engine.mutants`` applies each and prints the verdict):
-windows dropped between rounds, windows applied at the root only, stacking reversed, windows not
-advanced, a window's joint not updated, a draft whose reported q differs from the q it sampled."""
+Mutants (``python -m tests.engine.mutants`` applies each and prints the verdict). Caught: windows
+dropped between rounds, windows carried unmoved, a draft whose reported q differs from the q it
+sampled. NOT caught yet: windows applied at the root only, stacking reversed, a window's P(z) not
+advanced — in these cases no window ever changes a node below the round root within 4 tokens (checked
+with a spy on modify_tree_targets), so they need a deeper / costlier case (gbv-mod L = 3 with a
+sampled top-2 draft enumerates in ~280 s here).
+
+RootBranchingDrafter caveat: its q depends on the depth within a round, not only on the context;
+GBV-mod's engine modification assumes a context-only q and is then off (max |Δ| 0.021 at L = 2),
+while sd, bv and ★ stay exact. (The n-gram drafter with gbv-mod at L = 2 enumerated exact: 2.5e-16.)"""
 
 from functools import cache
 
@@ -49,7 +56,8 @@ CASES = {
 class RootBranchingDrafter(ModelDrafter):
     """A neural draft whose root row is the model's (top-2) q and whose deeper rows are the point
     mass on the model's argmax: K = 2 paths genuinely branch at the root while the enumeration
-    stays small. The reported q is exactly the q it samples from."""
+    stays small. The reported q is exactly the q it samples from. Used for ★ only (see the module
+    docstring: GBV-mod needs a q that depends on the context alone)."""
 
     def _score(self, prefixes):
         rows = super()._score(prefixes)
