@@ -29,7 +29,7 @@ def test_prompt_longer_than_context(models):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
         (dict(method="nope"), "unknown method 'nope'"),
         (dict(method="spectr", num_drafts=0), r"num_drafts \(K\) must be an integer in \[1, 64\]"),
         (dict(method="sd", draft_len=0), r"draft_len \(L\) must be an integer in \[1, 64\]"),
@@ -64,7 +64,7 @@ def test_streaming_yields_the_generated_text(models):
         def decode(ids, skip_special_tokens=True):
             return "".join(chr(97 + i) for i in ids)
 
-    decoder = SpeculativeDecoder(target, draft, tokenizer=Chars(), method="bv", draft_len=3, max_new_tokens=12, seed=5)
+    decoder = SpeculativeDecoder(target, draft, tokenizer=Chars(), method="bv", draft_len=3, max_new_tokens=12, seed=5, eos_token_id=[])
     pieces = list(decoder.stream([1, 2, 3]))
     assert len(pieces) >= 2 and "".join(pieces) == decoder.generate([1, 2, 3]).text
     assert len(decoder.last_output.token_ids) == 12

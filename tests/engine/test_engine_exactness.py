@@ -39,7 +39,7 @@ def chi_square_pvalue(counts: dict, law: dict, samples: int) -> float:
 
 
 def sample_first_tokens(target, draft, samples: int, **decoder_args) -> dict:
-    decoder = SpeculativeDecoder(target, draft, max_new_tokens=NUM_TOKENS, **decoder_args)
+    decoder = SpeculativeDecoder(target, draft, max_new_tokens=NUM_TOKENS, eos_token_id=[], **decoder_args)
     counts: dict = {}
     for seed in range(samples):
         decoder.seed = seed

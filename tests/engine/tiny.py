@@ -1,8 +1,12 @@
 """Tiny random Llama pairs (no download) for engine tests: fp32, small vocabulary, with the output
 layer scaled so that the distributions are peaked and target and draft clearly differ."""
 
+import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from verispec.core.sampling import logits_to_probs
+from verispec.models.hf import HFModelAdapter
 
 
 def tiny_llama(seed: int, vocab_size: int = 6, layers: int = 2, logit_scale: float = 4.0, max_positions: int = 128):
@@ -33,5 +37,77 @@ def exact_first_tokens_law(model, prompt, num_tokens: int, temperature: float = 
             probs = torch.softmax(logits / temperature, dim=-1)
             for token, token_prob in enumerate(probs.tolist()):
                 nxt[seq + (token,)] = prob * token_prob
+        law = nxt
+    return law
+
+
+class ForwardMemo:
+    """Next-token logits of ``model`` after a whole token sequence, by one full (cache-free)
+    forward per distinct sequence, memoised: the replay enumerator re-runs the decoder once per
+    leaf of its choice tree, so each prefix is scored once instead of once per leaf."""
+
+    def __init__(self, model):
+        self.model = model
+        self.rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @torch.no_grad()
+    def __call__(self, sequence) -> torch.Tensor:
+        sequence = tuple(int(t) for t in sequence)
+        row = self.rows.get(sequence)
+        if row is None:
+            row = self.model(torch.tensor([sequence])).logits[0, -1].float()
+            self.rows[sequence] = row
+        return row
+
+
+class _NoCacheRunner:
+    """Stands in for the adapter's KV-cached runner: ``ExactForwardAdapter`` computes its rows itself."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def reset(self):
+        pass
+
+    def forward(self, input_ids, positions, allowed, keep):
+        return torch.zeros(keep, self.vocab_size)
+
+    def keep_entries(self, length, moved=()):
+        pass
+
+
+class ExactForwardAdapter(HFModelAdapter):
+    """``HFModelAdapter`` whose node rows come from memoised full forwards of each node's whole
+    sequence (committed tokens + root path) instead of the KV cache. Everything else — node
+    numbering, validation, commit / rollback bookkeeping — is the real adapter's, so the decoder
+    runs unchanged. ``test_exact_forward_adapter_matches_the_kv_cached_one`` pins it to the real
+    adapter's rows."""
+
+    def __init__(self, model, memo: ForwardMemo | None = None):
+        super().__init__(model, backend="transformers")
+        self.memo = memo or ForwardMemo(model)
+        self.runner = _NoCacheRunner(self.vocab_size)
+
+    def extend(self, tokens, parents):
+        first = self.num_nodes
+        super().extend(tokens, parents)
+        committed = tuple(self._tokens[:-1])
+        rows = [
+            self.memo(committed + tuple(self._node_tokens[a] for a in self._node_ancestors[node]))
+            for node in range(first, self.num_nodes)
+        ]
+        return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
+
+
+def exact_target_law(memo: ForwardMemo, prompt, num_tokens: int, params) -> dict:
+    """Exact law of the first ``num_tokens`` tokens of plain sampling from the memoised model under
+    the sampling parameters ``params`` (verispec.core.sampling), by scoring every prefix."""
+    law = {(): 1.0}
+    for _ in range(num_tokens):
+        nxt = {}
+        for seq, prob in law.items():
+            probs = logits_to_probs(memo(tuple(prompt) + seq)[None], params)[0]
+            for token in np.flatnonzero(probs > 0):
+                nxt[seq + (int(token),)] = prob * float(probs[token])
         law = nxt
     return law

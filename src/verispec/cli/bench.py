@@ -69,7 +69,7 @@ def run_bench(args) -> int:
         return run_replay(args)
     from verispec.bench.config import make_config
     from verispec.bench.report import markdown_table, paper_tables, write_reports
-    from verispec.bench.runner import run_sweep
+    from verispec.bench.runner import Sweep
 
     overrides = {key: getattr(args, key) for key in CONFIG_FLAGS}
     config = make_config(args.config, overrides)
@@ -78,7 +78,15 @@ def run_bench(args) -> int:
 
         torch.set_num_threads(config.threads)
     target_model, tokenizer, draft = load_models(config)
-    result = run_sweep(config, target_model, tokenizer, draft)
+    sweep = Sweep(config, target_model, tokenizer, draft)
+    if not sweep.specs:
+        # nothing would be measured but the plain-decoding baseline: say why instead of exiting 0
+        for skipped in dict.fromkeys(f"{s.method} K={s.num_drafts} L={s.draft_len}: {s.reason}" for s in sweep.skipped):
+            print(f"skipped {skipped}", file=sys.stderr)
+        print("error: every configuration of the sweep was skipped (reasons above); fix --methods / -K / -L",
+              file=sys.stderr)
+        return 2
+    result = sweep.run()
     paths = write_reports(config.out, result.records, result.rows, result.skipped, result.meta)
     for table in paper_tables(result.rows):
         print(markdown_table(table) + "\n")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 from verispec.engine.decoder import SpeculativeDecoder
+from verispec.errors import ConfigError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_CHOICES = ["auto", *DTYPES]
@@ -84,9 +86,24 @@ def decode_and_print(decoder, prompt_ids, stream: bool):
     return output
 
 
+def prepare_output_file(path: str | None) -> None:
+    """Create the parent directory of an output file (e.g. --stats-json) before any generation,
+    so that a bad path fails in a second, not after the whole run."""
+    if not path:
+        return
+    parent = Path(path).expanduser().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"cannot create the directory {str(parent)!r} for {path!r}: {error.strerror}") from error
+    if Path(path).is_dir():
+        raise ConfigError(f"{path!r} is a directory; give a file name, e.g. {str(Path(path) / 'stats.json')!r}")
+
+
 def run_generate(args) -> int:
     from verispec.models.default import encode_prompt
 
+    prepare_output_file(args.stats_json)
     target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, args.method != "ar")
     decoder = _decoder(args, target_model, tokenizer, draft_model)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat)

@@ -410,9 +410,11 @@ def find_default_verifier(target_name: str, draft_name: str) -> Path:
 def run_generate_sprinter(args) -> int:
     """``verispec generate --method sprinter --verifier PATH``: decode one prompt with SPRINTER."""
     from verispec.models.default import encode_prompt
+    from verispec.cli.generate import prepare_output_file
     from verispec.sprinter.decoder import SprinterDecoder
     from verispec.sprinter.features import make_extractor, model_identifier
 
+    prepare_output_file(getattr(args, "stats_json", None))
     target, tokenizer, draft = _load_pair(args)
     extractor = make_extractor(target, draft)
     verifier = args.verifier or find_default_verifier(model_identifier(target), extractor.draft_name)

@@ -21,6 +21,7 @@ from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
+from verispec.engine.streaming import TextStream, stop_cut
 from verispec.errors import ConfigError
 from verispec.verify.modification import advance_windows, modify_tree_targets
 from verispec.verify.qfree import qfree_walk
@@ -29,6 +30,7 @@ from verispec.verify.registry import MethodSpec, get_method
 
 MAX_DRAFTS = 64
 MAX_DRAFT_LEN = 64
+MAX_TREE_NODES = MAX_DRAFTS * MAX_DRAFT_LEN  # as many nodes as the largest K x L i.i.d. paths
 OTM_MAX_TUPLES = 20_000
 
 
@@ -134,6 +136,71 @@ class GenerationOutput:
         }
 
 
+def check_max_new_tokens(max_new_tokens) -> int:
+    """max_new_tokens as an int >= 1 (a fractional or boolean value is a ConfigError)."""
+    if isinstance(max_new_tokens, bool) or not float(max_new_tokens).is_integer() or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    return int(max_new_tokens)
+
+
+def check_stop_strings(stop) -> tuple[str, ...]:
+    if isinstance(stop, str):
+        raise ConfigError(f"stop must be a list of strings, got the string {stop!r}; write stop=[{stop!r}]")
+    stop = tuple(stop)
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ConfigError(f"stop strings must be non-empty strings, got {list(stop)!r}; drop the empty ones")
+    return stop
+
+
+def eos_token_ids(eos_token_id, tokenizer, target) -> set[int]:
+    """The EOS ids: ``eos_token_id`` if given, else, with a tokenizer, the union of the tokenizer's
+    EOS and the target model's ``generation_config.eos_token_id`` (chat models often list several,
+    e.g. <|im_end|> and <|endoftext|>). Token-id decoding without a tokenizer has no implicit EOS."""
+    if eos_token_id is None:
+        if tokenizer is None:
+            return set()
+        found = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        config = getattr(getattr(target, "model", None), "generation_config", None)
+        if config is not None and getattr(config, "eos_token_id", None) is not None:
+            found += list(np.atleast_1d(config.eos_token_id))
+        eos_token_id = found
+    ids = [e for e in np.atleast_1d(np.asarray(eos_token_id, dtype=object)).tolist()]
+    bad = [e for e in ids if isinstance(e, bool) or not float(e).is_integer() or e < 0]
+    if bad:
+        raise ConfigError(f"eos_token_id must be token ids >= 0, got {bad!r}; pass [] for no EOS")
+    return {int(e) for e in ids}
+
+
+def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
+    """Prompt token ids as ints in [0, vocab_size), else a ConfigError naming the offenders."""
+    ids = [int(t) for t in prompt]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ConfigError(
+            f"prompt token ids must lie in [0, {vocab_size}) (the target's vocabulary), got {bad[:5]}; "
+            "encode the prompt with the target's tokenizer"
+        )
+    return ids
+
+
+def check_tree_shape(tree) -> list[int]:
+    """Children per depth, within the K / L limits and at most MAX_TREE_NODES nodes."""
+    tree = [int(width) for width in tree]
+    if not tree or min(tree) < 1:
+        raise ConfigError(f"tree must list >= 1 children per depth, got {tree}")
+    if len(tree) > MAX_DRAFT_LEN or max(tree) > MAX_DRAFTS:
+        raise ConfigError(
+            f"tree {tree}: at most {MAX_DRAFT_LEN} depths (L) of at most {MAX_DRAFTS} children (K) each"
+        )
+    nodes, width = 0, 1
+    for children in tree:
+        width *= children
+        nodes += width
+        if nodes > MAX_TREE_NODES:
+            raise ConfigError(f"tree {tree} has more than {MAX_TREE_NODES} nodes; use fewer children per depth")
+    return tree
+
+
 def _as_adapter(model, device=None, backend: str = "auto"):
     from verispec.models.hf import HFModelAdapter
 
@@ -159,13 +226,9 @@ class TextDecoding:
         self.tokenizer = tokenizer
         self.params = SamplingParams(temperature, top_k, top_p)
         self.draft_params = SamplingParams(temperature if draft_temperature is None else draft_temperature, top_k, top_p)
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.max_new_tokens = int(max_new_tokens)
-        self.stop = tuple(stop)
-        if eos_token_id is None and tokenizer is not None:
-            eos_token_id = tokenizer.eos_token_id
-        self.eos_ids = {int(e) for e in ([] if eos_token_id is None else np.atleast_1d(eos_token_id))}
+        self.max_new_tokens = check_max_new_tokens(max_new_tokens)
+        self.stop = check_stop_strings(stop)
+        self.eos_ids = eos_token_ids(eos_token_id, tokenizer, self.target)
         self.seed = seed
         self.last_output = None
 
@@ -176,13 +239,15 @@ class TextDecoding:
             pass
         return self.last_output
 
-    def stream(self, prompt: str | Sequence[int]) -> Iterator[str]:
-        """Yield text as blocks are accepted (the concatenation equals ``generate().text``)."""
-        printed = ""
-        for output in self._run(prompt):
-            if output.text.startswith(printed) and len(output.text) > len(printed):
-                yield output.text[len(printed) :]
-                printed = output.text
+    def stream(self, prompt: str | Sequence[int], rng=None) -> Iterator[str]:
+        """Yield text as blocks are accepted; the concatenation equals ``generate(prompt, rng).text``
+        exactly. Only a tail that a later block could still change is held back (an unfinished
+        UTF-8 character, trailing spaces, a possible start of a stop string): ``TextStream``."""
+        text_stream = TextStream(self.stop)
+        for output in self._run(prompt, rng):
+            piece = text_stream.push(output.text, final=output.stop_reason != "running")
+            if piece:
+                yield piece
 
     def _run(self, prompt, rng=None) -> Iterator[GenerationOutput]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -194,7 +259,7 @@ class TextDecoding:
             from verispec.models.default import encode_prompt
 
             return encode_prompt(self.tokenizer, prompt)
-        return [int(t) for t in prompt]
+        return check_prompt_ids(prompt, self.target.vocab_size)
 
     def _decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
@@ -294,9 +359,7 @@ class SpeculativeDecoder(TextDecoding):
         if spec.name == "sprinter":
             raise ConfigError("method 'sprinter' needs a trained verifier: use SprinterDecoder / --verifier PATH")
         if tree is not None:
-            tree = [int(width) for width in tree]
-            if not tree or min(tree) < 1:
-                raise ConfigError(f"tree must list >= 1 children per depth, got {tree}")
+            tree = check_tree_shape(tree)
             if spec.tree_scheme is None:
                 raise ConfigError(
                     f"method {spec.name!r} verifies {'one path' if spec.draft == 'chain' else 'K i.i.d. paths'}, "
@@ -337,16 +400,36 @@ class SpeculativeDecoder(TextDecoding):
         return ModelDrafter(_as_adapter(draft, device, self.backend), self.draft_params)
 
     # ----- one round ----------------------------------------------------------------------
+    def _fitting_shape(self, length: int, windows) -> tuple[int, list[int] | None] | None:
+        """(draft length, tree) for a round starting after ``length`` tokens (prompt + generated):
+        L and the tree depth shrink so that every node fits the target's context and every drafted
+        prefix the draft's. None: nothing fits (or a target modification is in force, which needs
+        the full L, ALGORITHMS.md §4.3) and decoding stops cleanly with stop_reason "context"."""
+        if length >= self.target.max_context:
+            return None
+        if self.spec is None:
+            return 1, None
+        # target: the deepest node (depth L) sits at position length - 1 + L
+        fits = self.target.max_context - length
+        draft_context = getattr(getattr(self.drafter, "adapter", None), "max_context", None)
+        if draft_context is not None:  # the draft scores prefixes up to depth L - 1
+            fits = min(fits, draft_context - length + 1)
+        draft_len = min(self.draft_len, fits)
+        if draft_len < 1 or (draft_len < self.draft_len and windows):
+            return None
+        return draft_len, None if self.tree is None else self.tree[:draft_len]
+
     def _draft(self, rng, draft_fn) -> DraftSkeleton:
         spec = self.spec
-        if self.tree is None and spec.tree_scheme is DraftScheme.DETERMINISTIC:
+        draft_len, tree = getattr(self, "_round_shape", None) or (self.draft_len, self.tree)
+        if tree is None and spec.tree_scheme is DraftScheme.DETERMINISTIC:
             raise ConfigError(
                 f"method {spec.name!r} with a sampled draft needs a tree shape (e.g. tree=[2, 2, 1] / --tree 2,2,1), "
                 "or use the token-tree draft (draft='tree')"
             )
-        if self.tree is not None:
-            return sample_tree(rng, draft_fn, self.tree, spec.tree_scheme)
-        return sample_iid_paths(rng, draft_fn, self.num_drafts, self.draft_len)
+        if tree is not None:
+            return sample_tree(rng, draft_fn, tree, spec.tree_scheme)
+        return sample_iid_paths(rng, draft_fn, self.num_drafts, draft_len)
 
     def _target_tree(self, skeleton: DraftSkeleton, windows):
         logits = self.target.score([-1, *skeleton.tokens[1:]], list(skeleton.parents))
@@ -372,13 +455,14 @@ class SpeculativeDecoder(TextDecoding):
         windows: tuple = ()
         stop_reason = "max_new_tokens"
         while True:
-            if len(prompt_ids) + len(generated) + self.draft_len + 1 >= self.target.max_context:
+            self._round_shape = self._fitting_shape(len(prompt_ids) + len(generated), windows)
+            if self._round_shape is None:
                 stop_reason = "context"
                 break
             if self.spec is None:
                 step, output_tokens, windows = self._plain_round(rng)
             elif getattr(self.drafter, "deterministic", False):
-                step, output_tokens = self._token_tree_round(rng)
+                step, output_tokens = self._token_tree_round(rng, len(prompt_ids) + len(generated))
             else:
                 step, output_tokens, windows = self._round(rng, windows)
             tic = time.perf_counter()
@@ -386,9 +470,8 @@ class SpeculativeDecoder(TextDecoding):
             stop_reason = self._stop_reason(generated)
             if stop_reason:
                 generated = self._truncate(generated)
-            text = self._decode(generated)
-            if self.stop and any(s in text for s in self.stop):
-                text = text[: min(text.index(s) for s in self.stop if s in text)]
+            text, stopped = stop_cut(self._decode(generated), self.stop)
+            if stopped:
                 stop_reason = "stop_string"
             step.other_seconds += time.perf_counter() - tic
             steps.append(step)
@@ -400,7 +483,7 @@ class SpeculativeDecoder(TextDecoding):
             if stop_reason:
                 return
         self.last_output = GenerationOutput(
-            self.method, self.num_drafts, self.draft_len, prompt_ids, list(generated), self._decode(generated), steps,
+            self.method, self.num_drafts, self.draft_len, prompt_ids, list(generated), stop_cut(self._decode(generated), self.stop)[0], steps,
             time.perf_counter() - start, prefill_seconds, stop_reason, asdict(self.params),
         )
         yield self.last_output
@@ -449,13 +532,14 @@ class SpeculativeDecoder(TextDecoding):
             self.step_callback(tree, result, step)
         return step, list(result.output_tokens), windows
 
-    def _token_tree_round(self, rng):
+    def _token_tree_round(self, rng, length: int):
         """One round with a deterministic candidate tree (``TokenTreeDrafter``): one target
         forward over the tree, the drafter sees the logits of every scored node, and the q-free
         walk (``verify.qfree``) turns into probabilities only the rows of the nodes it visits.
         Issue 16's lazy row providers (``core/rows.py``) can replace ``row`` here."""
         tic = time.perf_counter()
-        candidates = self.drafter.propose()
+        # the deepest node sits at position length - 1 + depth: keep it inside the target's context
+        candidates = self.drafter.propose(max_depth=self.target.max_context - length)
         draft_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()

@@ -184,13 +184,15 @@ class TokenTreeDrafter:
             self.cost = measure_cost_curve(target)
 
     # ----- one round ----------------------------------------------------------------------
-    def propose(self):
-        """This round's ``CandidateTree`` below the last context token."""
+    def propose(self, max_depth: int | None = None):
+        """This round's ``CandidateTree`` below the last context token, at most ``max_depth`` deep
+        (default ``self.max_depth``; the engine passes less near the end of the target's context)."""
         self._rates = {}
         context = self.index.context
         copies = [self._copy(m.start, m.match_len) for m in self.index.matches(self.copy_matches)]
         root = self._merge(copies, context[-1])
-        return grow_tree(context[-1], root, self._expand, self.cost, self.max_nodes, self.max_depth)
+        depth = self.max_depth if max_depth is None else max(1, min(self.max_depth, max_depth))
+        return grow_tree(context[-1], root, self._expand, self.cost, self.max_nodes, depth)
 
     def _rate(self, cls) -> float:
         rate = self._rates.get(cls)

@@ -136,6 +136,11 @@ def load_model(
             "(config.json + weights + tokenizer), 'default' for the embedded SmolLM2-135M-Instruct or "
             "'gemma3-270m' for Gemma 3 270M (optional extra)"
         )
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model directory {str(path)!r} has no config.json; give a Hugging Face model directory "
+            "(config.json + weights + tokenizer files, e.g. from save_pretrained) or 'default'"
+        )
     return load_pretrained_dir(path, dtype, device)
 
 

@@ -32,6 +32,7 @@ from verispec.core.rng import SeededRng
 from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.engine.decoder import GenerationOutput, StepStats, TextDecoding, _as_adapter
 from verispec.engine.drafters import ModelDrafter, NGramDrafter
+from verispec.engine.streaming import stop_cut
 from verispec.errors import ConfigError
 from verispec.sprinter.features import DraftState, FeatureExtractor, HiddenStateTap, hf_model, make_extractor, model_identifier
 from verispec.verify.sprinter import check_threshold, sprinter_target_check
@@ -284,9 +285,8 @@ class SprinterDecoder(TextDecoding):
             stop_reason = stop_reason or self._stop_reason(generated)
             if stop_reason:
                 generated = self._truncate(generated)
-            text = self._decode(generated)
-            if self.stop and any(s in text for s in self.stop):
-                text = text[: min(text.index(s) for s in self.stop if s in text)]
+            text, stopped = stop_cut(self._decode(generated), self.stop)
+            if stopped:
                 stop_reason = "stop_string"
             step.other_seconds += time.perf_counter() - tic
             steps.append(step)

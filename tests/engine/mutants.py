@@ -1,0 +1,113 @@
+"""Engine mutants for the exact engine-law test (issue 10 item 3), run by hand:
+
+    PYTHONPATH=src OMP_NUM_THREADS=1 python -m tests.engine.mutants
+
+Each mutant is a plausible one-line bug, applied by patching at run time (no file is edited); the
+script prints, per mutant and case of ``test_engine_exact_law``, the max |Δ| of the engine's exact
+law of the first 4 tokens and whether the test (tolerance 1e-9) catches it."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from unittest import mock
+
+import numpy as np
+
+from tests.engine.test_engine_exact_law import CASES, TOLERANCE, engine_error
+from verispec.draft import samplers
+from verispec.engine import decoder as decoder_module
+from verispec.verify import modification
+
+
+def windows_dropped_between_rounds():
+    """(a) the windows this round leaves are never carried to the next round."""
+    return mock.patch.object(decoder_module.SpeculativeDecoder, "_next_windows", staticmethod(lambda tree, modified, result: ()))
+
+
+def windows_applied_at_root_only():
+    """(b) modify_tree_targets modifies the root's vector only, deeper nodes keep the raw target."""
+    original = modification.modify_tree_targets
+
+    def root_only(windows, tokens, parents, raw, draft):
+        result = original(windows, tokens, parents, raw, draft)
+        target = np.array(raw, dtype=np.float64, copy=True)
+        target[0] = result.target_probs[0]
+        return replace(result, target_probs=target)
+
+    return mock.patch.object(decoder_module, "modify_tree_targets", root_only)
+
+
+def stacking_reversed():
+    """(c) the new window is put before the old ones (newest first) when stacking."""
+    original = decoder_module.SpeculativeDecoder._next_windows
+
+    def reversed_stack(tree, modified, result):
+        windows = original(tree, modified, result)
+        return windows[::-1]
+
+    return mock.patch.object(decoder_module.SpeculativeDecoder, "_next_windows", staticmethod(reversed_stack))
+
+
+def windows_not_advanced():
+    """(c) windows in force at the old root are carried to the next round unmoved."""
+    original = decoder_module.SpeculativeDecoder._next_windows
+
+    def unmoved(tree, modified, result):
+        old = () if modified is None else modified.windows[0]
+        return old + ((result.modification,) if result.modification is not None else ())
+
+    return mock.patch.object(decoder_module.SpeculativeDecoder, "_next_windows", staticmethod(unmoved))
+
+
+def window_joint_not_updated():
+    """(c) advancing a window forgets to multiply P(z) by p(token | z)."""
+    original = modification.ModificationWindow.advance
+
+    def advance(self, token, base_target, draft):
+        moved = original(self, token, base_target, draft)
+        return None if moved is None else replace(moved, log_target_joint=self.log_target_joint)
+
+    return mock.patch.object(modification.ModificationWindow, "advance", advance)
+
+
+def reported_q_differs_from_sampled_q():
+    """A draft whose reported q is smoothed (0.9 q + 0.1 uniform) while tokens were drawn from q."""
+    original = samplers._Builder.finish
+
+    def finish(self, scheme, paths=()):
+        skeleton = original(self, scheme, paths)
+        rows = skeleton.draft_probs
+        drafted = rows.sum(axis=1, keepdims=True) > 0
+        smoothed = np.where(drafted, 0.9 * rows + 0.1 / rows.shape[1], rows)
+        return replace(skeleton, draft_probs=smoothed)
+
+    return mock.patch.object(samplers._Builder, "finish", finish)
+
+
+MUTANTS = {
+    "(a) windows dropped between rounds": (windows_dropped_between_rounds, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(b) windows at the round root only": (windows_applied_at_root_only, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(c) window stacking reversed": (stacking_reversed, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(c) windows not advanced": (windows_not_advanced, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "(c) window joint P(z) not advanced": (window_joint_not_updated, ["gbv-mod", "gbv-mod-L3-greedy-draft", "spectr-gbv-star", "spectr-gbv-star-L3"]),
+    "reported q != sampled q": (reported_q_differs_from_sampled_q, ["sd", "gbv-mod", "spectr", "spectr-gbv-star"]),
+}
+
+
+def main() -> None:
+    print(f"{'mutation':40s} {'case':18s} {'max |Δ|':>10s}  verdict")
+    for name, (patch, cases) in MUTANTS.items():
+        for case in cases:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(patch())
+                try:
+                    error, _ = engine_error(CASES[case])
+                    verdict = "CAUGHT by test_engine_law_is_the_target_law" if error >= TOLERANCE else "not caught"
+                except Exception as exc:  # a crash is caught too, but say so
+                    error, verdict = float("nan"), f"CAUGHT (raises {type(exc).__name__})"
+            print(f"{name:40s} {case:18s} {error:10.2e}  {verdict}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
