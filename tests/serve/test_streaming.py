@@ -1,22 +1,22 @@
-"""Incremental text (serve.streaming): deltas never split or drop a character, and never send
+"""Incremental text of the server (engine.streaming.TextStream, shared with SpeculativeDecoder.stream): deltas never split or drop a character, and never send
 text that a stop string will cut off."""
 
 import pytest
 
-from verispec.serve.streaming import REPLACEMENT_CHARACTER, TextDeltas, settled_length
+from verispec.engine.streaming import REPLACEMENT_CHARACTER, TextStream
 
 TEXT = "naïve café — 日本語 🙂🎉 über straße 👩‍💻 done"
 
 
 def stream_token_prefixes(tokenizer, text, stop=()):
     ids = tokenizer.encode(text, add_special_tokens=False)
-    deltas, streamer = [], TextDeltas(stop)
+    deltas, streamer = [], TextStream(stop)
     snapshots = [tokenizer.decode(ids[:n]) for n in range(1, len(ids) + 1)]
     for snapshot in snapshots:
         piece = streamer.push(snapshot)
         if piece:
             deltas.append(piece)
-    deltas.append(streamer.finish(snapshots[-1]))
+    deltas.append(streamer.push(snapshots[-1], final=True))
     return deltas, snapshots
 
 
@@ -40,37 +40,22 @@ def test_naive_suffix_streaming_would_corrupt_this_text(tokenizer):
 
 
 def test_stop_string_prefix_is_held_until_settled():
-    streamer = TextDeltas(stop=["STOP"])
+    streamer = TextStream(stop=["STOP"])
     assert streamer.push("answer: 4 S") == "answer: 4 "  # "S" may begin STOP
     assert streamer.push("answer: 4 ST") == ""
     # the engine found STOP and cut the text at its start: nothing of it was ever sent
-    assert streamer.finish("answer: 4 ") == ""
-    assert streamer.sent == "answer: 4 "
+    assert streamer.push("answer: 4 ", final=True) == ""
+    assert streamer.printed == "answer: 4 "
 
 
 def test_stop_string_prefix_is_released_when_it_does_not_complete():
-    streamer = TextDeltas(stop=["STOP"])
+    streamer = TextStream(stop=["STOP"])
     assert streamer.push("a ST") == "a "
     assert streamer.push("a STAR") == "STAR"
 
 
-@pytest.mark.parametrize("text,stop,expected", [
-    ("abc", (), 3),
-    ("ab\ufffd", (), 2),
-    ("ab\ufffd\ufffd", (), 2),
-    ("a\ufffdb", (), 3),  # a replacement character followed by text is settled (invalid bytes)
-    ("hello wor", ("world",), 6),
-    ("hello wo", ("xyz", "or"), 7),
-    ("hello wor", ("or",), 9),  # "r" begins no stop string (a full "or" would have been cut by the engine)
-    ("hello wor", ("r!", "wor!"), 6),
-    ("", ("x",), 0),
-])
-def test_settled_length(text, stop, expected):
-    assert settled_length(text, stop) == expected
-
-
-def test_finish_refuses_text_that_rewrote_what_was_sent():
-    streamer = TextDeltas()
-    streamer.push("abc")
-    with pytest.raises(RuntimeError, match="not a prefix"):
-        streamer.finish("abX")
+def test_final_push_refuses_text_that_rewrote_what_was_sent():
+    streamer = TextStream()
+    streamer.push("abc d")
+    with pytest.raises(RuntimeError, match="changed before"):
+        streamer.push("abX d", final=True)

@@ -67,9 +67,9 @@ class TextStream:
         tokenizer whose decoding rewrites text further back than the held-back tail.
         """
         end = len(text) if final else self.stable_length(text)
-        if end <= len(self.printed):
+        if end <= len(self.printed) and not final:
             return ""
-        if not text.startswith(self.printed):
+        if not text.startswith(self.printed):  # checked on the final text always: nothing may be lost
             raise RuntimeError(
                 f"the decoded text changed before its last {len(text) - len(self.printed)} characters "
                 f"({self.printed[-20:]!r} became {text[: len(self.printed)][-20:]!r}); this tokenizer "

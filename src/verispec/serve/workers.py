@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.engine.decoder import GenerationOutput, SpeculativeDecoder
-from verispec.serve.streaming import TextDeltas
+from verispec.engine.streaming import TextStream
 
 LOG = logging.getLogger(__name__)
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "context": "length", "time_limit": "length"}
@@ -268,7 +268,7 @@ class WorkerPool:
         started = time.perf_counter()
         deadline = started + job.time_limit
         decoder = worker.decoder(job.settings)
-        deltas = TextDeltas(job.settings.stop)
+        deltas = TextStream(job.settings.stop)
         rounds = decode_rounds(decoder, job.prompt_ids)
         output, stop_reason = None, None
         try:
@@ -290,7 +290,7 @@ class WorkerPool:
         stop_reason = stop_reason or output.stop_reason
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.perf_counter() - started)
         if job.stream:
-            rest = deltas.finish(output.text)
+            rest = deltas.push(output.text, final=True)
             if rest:
                 job.emit(TextDelta(rest))
         return JobFinished(output, output.text, FINISH_REASONS[stop_reason], stop_reason, queue_seconds, worker.index)
