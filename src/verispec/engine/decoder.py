@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from verispec.core.rng import SeededRng
-from verispec.core.sampling import SamplingParams, logits_to_probs
+from verispec.core.rows import LogitRows, draw_from
+from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter
@@ -320,11 +321,16 @@ class SpeculativeDecoder(TextDecoding):
         return sample_iid_paths(rng, draft_fn, self.num_drafts, self.draft_len)
 
     def _target_tree(self, skeleton: DraftSkeleton, windows):
+        """Score the tree; its target rows stay logits on the model's device (core.rows.LogitRows)
+        and are processed only where the rule reads them. Modification windows (GBV-mod,
+        SpecTr-GBV★) rewrite whole rows, so with windows in force every row is built."""
         logits = self.target.score([-1, *skeleton.tokens[1:]], list(skeleton.parents))
-        raw = logits_to_probs(logits, self.params)
+        rows = LogitRows(logits, self.params)
         if not windows:
-            return skeleton.with_target(raw, validate=False), None
-        modified = modify_tree_targets(windows, np.asarray(skeleton.tokens), np.asarray(skeleton.parents), raw, skeleton.draft_probs)
+            return skeleton.with_target(rows, validate=False), None
+        modified = modify_tree_targets(
+            windows, np.asarray(skeleton.tokens), np.asarray(skeleton.parents), rows.dense(), skeleton.draft_probs
+        )
         return skeleton.with_target(modified.target_probs, validate=False), modified
 
     # ----- the loop -------------------------------------------------------------------------
@@ -372,10 +378,10 @@ class SpeculativeDecoder(TextDecoding):
     def _plain_round(self, rng):
         tic = time.perf_counter()
         logits = self.target.score([-1], [-1])
-        probs = logits_to_probs(logits, self.params)[0]
+        rows = LogitRows(logits, self.params)
         target_seconds = time.perf_counter() - tic
         tic = time.perf_counter()
-        token = rng.categorical(probs)
+        token, _ = draw_from(rng, rows, 0)  # greedy: the argmax, no vector built
         self.target.commit([], token)
         return StepStats(0, 1, 0, 1, 0.0, target_seconds, 0.0, time.perf_counter() - tic), [token], ()
 
@@ -420,7 +426,7 @@ class SpeculativeDecoder(TextDecoding):
         windows = ()
         if modified is not None:
             node = result.accepted_node
-            windows = advance_windows(modified.windows[node], modified.bases[node], result.next_token, tree.draft_probs[node])
+            windows = advance_windows(modified.windows[node], modified.bases[node], result.next_token, tree.draft.row(node))
         if result.modification is not None:
             windows = windows + (result.modification,)
         return windows
