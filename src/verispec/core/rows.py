@@ -158,6 +158,7 @@ class LogitRows(Rows):
         # node -> (shift, log_z, kth, s_cut, id_cut); kth / s_cut = -inf keep every token
         self._state: dict[int, tuple[float, float, float, float, int]] = {}
         self._rows: dict[int, np.ndarray] = {}
+        self._scaled_rows: dict[int, torch.Tensor] = {}
 
     # ----- per-row preparation (batched over the rows asked for) ---------------------------------
     def _check_rows(self, maxima: torch.Tensor, nodes: Sequence[int]) -> None:
@@ -173,14 +174,11 @@ class LogitRows(Rows):
         missing = [n for n in dict.fromkeys(int(n) for n in nodes) if n not in self._argmax]
         if not missing:
             return
-        selected = self.logits[missing]
-        maxima = selected.float().amax(dim=-1)
-        if torch.isnan(selected).any(dim=-1).any():  # amax ignores nothing, but be explicit about NaN
-            maxima = torch.where(torch.isnan(selected).any(dim=-1), torch.full_like(maxima, math.nan), maxima)
-        self._check_rows(maxima, missing)
+        selected = self.logits[missing].float()
+        self._check_rows(selected.amax(dim=-1), missing)  # NaN anywhere in a row makes its max NaN
         if selected.device.type == "cpu":
             # numpy's argmax is the first maximum and several times faster than torch's on CPU
-            found = np.argmax(selected.float().numpy(), axis=-1)
+            found = np.argmax(selected.numpy(), axis=-1)
         else:
             found = selected.argmax(dim=-1).cpu().numpy()  # first maximal index (torch documents it)
         self._argmax.update(zip(missing, (int(i) for i in found)))
@@ -189,16 +187,16 @@ class LogitRows(Rows):
         """(scaled rows (m, V) float32 with top-k's cut applied as -inf, shifts (m,), the k-th
         largest scaled value (m,) float32, -inf without top-k)."""
         selected = self.logits[list(nodes)].float()
-        maxima = selected.amax(dim=-1)
-        maxima = torch.where(torch.isnan(selected).any(dim=-1), torch.full_like(maxima, math.nan), maxima)
+        maxima = selected.amax(dim=-1)  # NaN anywhere in a row makes its max NaN
         self._check_rows(maxima, nodes)
-        # subtracting the row maximum first keeps the division finite for tiny temperatures
-        scaled = (selected - maxima[:, None]) / self.params.temperature
+        # subtracting the row maximum first keeps the division finite for tiny temperatures; the
+        # max scaled value is then exactly 0
+        scaled = selected.sub(maxima[:, None]).div_(self.params.temperature)
         top_k = self.params.top_k
         kth = torch.full_like(maxima, -math.inf)
         if top_k and top_k < self.vocab_size:
             kth = torch.topk(scaled, top_k, dim=-1).values[:, -1]
-            scaled = scaled.masked_fill(scaled < kth[:, None], float("-inf"))
+            scaled = scaled.masked_fill_(scaled < kth[:, None], float("-inf"))
         return scaled, maxima, kth
 
     def _prepare(self, nodes: Sequence[int]) -> None:
@@ -206,54 +204,54 @@ class LogitRows(Rows):
         if not missing:
             return
         scaled, maxima, kth = self._scaled(missing)
-        # float32 pass over V for the mass, float64 from here on
-        log_z = torch.logsumexp(scaled, dim=-1).double()
+        # one float32 pass over V for the mass (every scaled value is <= 0, the max exactly 0, so
+        # exp cannot overflow and the sum is >= 1); float64 from here on
+        log_z = torch.exp(scaled).sum(dim=-1).double().log()
         s_cut = torch.full((len(missing),), -math.inf, dtype=torch.float64)
         id_cut = [self.vocab_size] * len(missing)
         if self.params.top_p < 1.0:
             s_cut, id_cut, log_z = self._nucleus(scaled, log_z)
+        maxima, log_z, kth, s_cut = (t.double().cpu().numpy() for t in (maxima, log_z, kth, s_cut))
         for i, node in enumerate(missing):
             self._state[node] = (float(maxima[i]), float(log_z[i]), float(kth[i]), float(s_cut[i]), int(id_cut[i]))
+            self._scaled_rows[node] = scaled[i]  # kept for row(): no second pass over the logits
 
     def _nucleus(self, scaled: torch.Tensor, log_z: torch.Tensor):
-        """Top-p cut per row by partial selection (batched over rows, on the rows' device).
-        Returns (s_cut (m,), id_cut list, log of the kept mass (m,))."""
+        """Top-p cut per row by partial selection (on the rows' device). Returns (s_cut (m,),
+        id_cut list, log of the kept mass (m,)).
+
+        Candidates: the tokens with p(x) > eps, found by one comparison pass. If their mass
+        reaches top_p, the nucleus (the most probable tokens until their mass reaches top_p) lies
+        among them, ties at the cut included (they share p(cut) > eps), and only the candidates
+        are sorted, by (p desc, id asc). eps shrinks (1e-3, 3e-5, 1e-6, then (1 - top_p)/(4V),
+        below which the rest provably holds less than 1 - top_p) until that holds; the last
+        resort, all V tokens, is reached only through rounding."""
         top_p = self.params.top_p
         rows, vocab = scaled.shape
+        schedule = [1e-3, 3e-5, 1e-6, (1.0 - top_p) / (4.0 * vocab)]
+        threshold = torch.tensor([top_p - 1e-12], dtype=torch.float64, device=scaled.device)
         s_cut = torch.empty(rows, dtype=torch.float64)
         log_kept = torch.empty(rows, dtype=torch.float64)
         id_cut = [vocab] * rows
-        pending = list(range(rows))
-        size = min(TOP_P_FIRST_CANDIDATES, vocab)
-        while pending:
-            values = torch.topk(scaled[pending], size, dim=-1).values  # sorted, descending
-            probs = torch.exp(values.double() - log_z[pending, None].to(values.device))
-            cumulative = torch.cumsum(probs, dim=-1)
-            threshold = torch.full((len(pending), 1), top_p - 1e-12, dtype=torch.float64, device=values.device)
-            crossing = torch.searchsorted(cumulative, threshold).squeeze(-1)
-            crossing_host = crossing.cpu().numpy()
-            found = (crossing_host < size) | (size == vocab)
-            crossing_host = np.minimum(crossing_host, size - 1)
-            index = torch.as_tensor(crossing_host, device=values.device)
-            cut_values = values.gather(1, index[:, None]).squeeze(-1)
-            kept_mass = cumulative.gather(1, index[:, None]).squeeze(-1)
-            # how many tokens strictly above the cut value lie before the crossing
-            above = (values > cut_values[:, None]).sum(dim=-1).cpu().numpy()
-            cut_host = cut_values.double().cpu()
-            mass_host = kept_mass.cpu()
-            still = []
-            for j, row_index in enumerate(pending):
-                if not found[j]:
-                    still.append(row_index)
-                    continue
-                ties_kept = int(crossing_host[j]) + 1 - int(above[j])
-                tied = torch.nonzero(scaled[row_index] == cut_values[j]).squeeze(-1)
-                # nonzero lists indices in increasing order: the ties_kept lowest ids are kept
-                id_cut[row_index] = int(tied[ties_kept - 1])
-                s_cut[row_index] = cut_host[j]
-                log_kept[row_index] = float(log_z[row_index]) + math.log(float(mass_host[j]))
-            pending = still
-            size = min(size * 4, vocab)
+        for row in range(rows):
+            row_log_z = float(log_z[row])
+            for eps in [*(e for e in schedule if e >= schedule[-1]), None]:
+                if eps is None:
+                    candidates = torch.arange(vocab, device=scaled.device)
+                else:
+                    candidates = torch.nonzero(scaled[row] > row_log_z + math.log(eps)).squeeze(-1)
+                values = scaled[row, candidates]
+                # nonzero lists ids in increasing order and the sort is stable: ties stay by id
+                order = torch.sort(values, descending=True, stable=True).indices
+                ordered_values = values[order].double()
+                cumulative = torch.cumsum(torch.exp(ordered_values - row_log_z), dim=0)
+                crossing = int(torch.searchsorted(cumulative, threshold)[0])
+                if crossing < len(candidates) or eps is None:
+                    crossing = min(crossing, len(candidates) - 1)
+                    break
+            s_cut[row] = float(ordered_values[crossing])
+            id_cut[row] = int(candidates[order[crossing]])
+            log_kept[row] = row_log_z + math.log(float(cumulative[crossing]))
         return s_cut, id_cut, log_kept
 
     # ----- the interface ------------------------------------------------------------------------
@@ -297,7 +295,7 @@ class LogitRows(Rows):
             _, log_z, _, s_cut, id_cut = self._state[node]
             # top-k's cut is already applied as -inf; the row goes to the host once, and the
             # entries use numpy's exp as probs_of does, so row(node)[x] == prob(node, x)
-            scaled = self._scaled([node])[0][0].double().cpu().numpy()
+            scaled = self._scaled_rows.pop(node).double().cpu().numpy()
             keep = scaled > s_cut
             if id_cut < self.vocab_size - 1:
                 keep |= (scaled == s_cut) & (np.arange(self.vocab_size) <= id_cut)
