@@ -282,6 +282,13 @@ class LogitRows(Rows):
             values = np.exp(scaled - log_z)
         return np.where(kept, values, 0.0)
 
+    def dense(self) -> np.ndarray:
+        """Every row, (n, V) float64: one batched preparation, then the rows (for the rules that
+        read all of them, and for modification windows)."""
+        if self.num_rows and not self.greedy:
+            self._prepare(range(self.num_rows))
+        return super().dense()
+
     def row(self, node: int) -> np.ndarray:
         node = int(node)
         cached = self._rows.get(node)
