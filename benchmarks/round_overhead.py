@@ -193,6 +193,8 @@ def main(argv=None):
                     print(f"{rule:16} {vocab:7d} {new['nodes']:3d} {params.temperature:4g} {params.top_p:5g} | "
                           f"{old['median_ms']:10.2f} {old['p90_ms']:7.2f} | {new['median_ms']:9.2f} {new['p90_ms']:7.2f} | "
                           f"{old['median_ms'] / new['median_ms']:6.1f} | {new['draft_ms']:7.1f} | {goal}", flush=True)
+                    with open(args.json, "w") as handle:  # after every cell: a long run keeps what it measured
+                        json.dump(records, handle, indent=1)
         del bank
     with open(args.json, "w") as handle:
         json.dump(records, handle, indent=1)

@@ -103,6 +103,7 @@ class NodeRows(Rows):
         self.rows = {int(node): np.asarray(row, dtype=np.float64) for node, row in rows.items()}
         self.num_rows, self.vocab_size, self.greedy = int(num_rows), int(vocab_size), bool(greedy)
         self._zero: np.ndarray | None = None
+        self._dense: np.ndarray | None = None
 
     def row(self, node: int) -> np.ndarray:
         found = self.rows.get(int(node))
@@ -118,6 +119,11 @@ class NodeRows(Rows):
 
     def probs_of(self, nodes, tokens) -> np.ndarray:
         return np.array([self.prob(n, t) for n, t in zip(nodes, tokens)], dtype=np.float64)
+
+    def dense(self) -> np.ndarray:
+        if self._dense is None:  # built once: rules that read every row ask for it repeatedly
+            self._dense = super().dense()
+        return self._dense
 
 
 class LogitRows(Rows):
@@ -159,6 +165,7 @@ class LogitRows(Rows):
         self._state: dict[int, tuple[float, float, float, float, int]] = {}
         self._rows: dict[int, np.ndarray] = {}
         self._scaled_rows: dict[int, torch.Tensor] = {}
+        self._dense: np.ndarray | None = None
 
     # ----- per-row preparation (batched over the rows asked for) ---------------------------------
     def _check_rows(self, maxima: torch.Tensor, nodes: Sequence[int]) -> None:
@@ -285,9 +292,11 @@ class LogitRows(Rows):
     def dense(self) -> np.ndarray:
         """Every row, (n, V) float64: one batched preparation, then the rows (for the rules that
         read all of them, and for modification windows)."""
-        if self.num_rows and not self.greedy:
-            self._prepare(range(self.num_rows))
-        return super().dense()
+        if self._dense is None:
+            if self.num_rows and not self.greedy:
+                self._prepare(range(self.num_rows))
+            self._dense = super().dense()
+        return self._dense
 
     def row(self, node: int) -> np.ndarray:
         node = int(node)

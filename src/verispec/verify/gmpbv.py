@@ -82,11 +82,12 @@ def select_greedy_path(tree: DraftTree) -> tuple[int, ...]:
     """§7.1: from the root, repeatedly move to the child with the largest (p/q, token id)."""
     path, node = [], ROOT
     while tree.children[node]:
-        target, draft = tree.target_probs[node], tree.draft_probs[node]
-        node = max(
-            tree.children[node],
-            key=lambda child: (target[tree.tokens[child]] / draft[tree.tokens[child]], tree.tokens[child]),
-        )
+        children = tree.children[node]
+        tokens = [int(tree.tokens[child]) for child in children]
+        # one gather per side (core.rows): only the entries of the children, no full rows
+        target = tree.target.probs_of([node] * len(tokens), tokens)
+        draft = tree.draft.probs_of([node] * len(tokens), tokens)
+        node = children[max(range(len(children)), key=lambda i: (target[i] / draft[i], tokens[i]))]
         path.append(node)
     return tuple(path)
 
