@@ -14,6 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from verispec.core.probs import check_prob_matrix
+from verispec.core.rows import Rows, as_rows
 from verispec.errors import InvalidDraftError
 
 ROOT = 0
@@ -32,14 +33,18 @@ class DraftScheme(str, enum.Enum):
 
 @dataclass(frozen=True)
 class DraftTree:
-    """A drafted token tree with the full target and draft vectors at its nodes.
+    """A drafted token tree with the target and draft distributions at its nodes.
 
     Shapes (n nodes, V tokens):
       tokens        (n,)   int64; tokens[0] = -1 (root)
       parents       (n,)   int64; parents[0] = -1, parents[i] < i
-      target_probs  (n, V) float64; p(.|node) for every node (leaves too: bonus token)
-      draft_probs   (n, V) float64; q(.|node) from which the node's children were drawn; rows of
+      target        ``Rows`` (core.rows), n rows: p(.|node) for every node (leaves too: bonus token)
+      draft         ``Rows``, n rows: q(.|node) from which the node's children were drawn; rows of
                     nodes without children may be all zero
+                    Rules read both through the row interface (prob / probs_of / row / argmax), so
+                    a row is processed only where a rule touches it; ``target_probs`` and
+                    ``draft_probs`` give every row as an (n, V) float64 array (built on first use
+                    for lazy rows) for code that wants all of them.
       paths         K raw drafted paths as tuples of node indices (duplicates kept), for the
                     path-based schemes; empty otherwise
       verifier_accept_probs (n,) optional; SPRINTER's probability that its learned verifier
@@ -48,8 +53,8 @@ class DraftTree:
 
     tokens: np.ndarray
     parents: np.ndarray
-    target_probs: np.ndarray
-    draft_probs: np.ndarray
+    target: Rows
+    draft: Rows
     scheme: DraftScheme
     paths: tuple[tuple[int, ...], ...] = ()
     verifier_accept_probs: np.ndarray | None = field(default=None)
@@ -65,11 +70,12 @@ class DraftTree:
         verifier_accept_probs=None,
         validate: bool = True,
     ) -> "DraftTree":
+        """target_probs / draft_probs: (n, V) arrays (or lists of rows), or ``Rows`` providers."""
         tree = DraftTree(
             tokens=np.asarray(tokens, dtype=np.int64),
             parents=np.asarray(parents, dtype=np.int64),
-            target_probs=np.asarray(target_probs, dtype=np.float64),
-            draft_probs=np.asarray(draft_probs, dtype=np.float64),
+            target=as_rows(target_probs),
+            draft=as_rows(draft_probs),
             scheme=DraftScheme(scheme),
             paths=tuple(tuple(int(i) for i in path) for path in paths),
             verifier_accept_probs=None
@@ -107,7 +113,17 @@ class DraftTree:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.target_probs.shape[1])
+        return int(self.target.vocab_size)
+
+    @property
+    def target_probs(self) -> np.ndarray:
+        """Every target row, (n, V) float64 (materialises lazy rows: prefer ``target``)."""
+        return self.target.dense()
+
+    @property
+    def draft_probs(self) -> np.ndarray:
+        """Every draft row, (n, V) float64 (materialises lazy rows: prefer ``draft``)."""
+        return self.draft.dense()
 
     @property
     def num_paths(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from verispec.core.rng import Rng
+from verispec.core.rows import NodeRows, Rows
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.errors import ConfigError
 
@@ -27,12 +28,12 @@ TreeShape = tuple
 
 @dataclass(frozen=True)
 class DraftSkeleton:
-    """Tokens (n,), parents (n,), draft_probs (n, V) (zero rows for nodes without children),
-    scheme, raw paths (node indices), and each node's drafted prefix."""
+    """Tokens (n,), parents (n,), draft rows (``core.rows.Rows``, n rows over V; zero rows for
+    nodes without children), scheme, raw paths (node indices), and each node's drafted prefix."""
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
-    draft_probs: np.ndarray
+    draft: Rows
     scheme: DraftScheme
     paths: tuple[tuple[int, ...], ...]
     prefixes: tuple[tuple[int, ...], ...]
@@ -41,12 +42,17 @@ class DraftSkeleton:
     def num_nodes(self) -> int:
         return len(self.tokens)
 
+    @property
+    def draft_probs(self) -> np.ndarray:
+        """Every draft row, (n, V) float64 (built on use: prefer ``draft``)."""
+        return self.draft.dense()
+
     def with_target(self, target_probs: np.ndarray, validate: bool = True, verifier_accept_probs=None) -> DraftTree:
         return DraftTree.build(
             self.tokens,
             self.parents,
             target_probs,
-            self.draft_probs,
+            self.draft,
             self.scheme,
             self.paths,
             verifier_accept_probs=verifier_accept_probs,
@@ -94,10 +100,9 @@ class _Builder:
 
     def finish(self, scheme: DraftScheme, paths=()) -> DraftSkeleton:
         vocab = len(next(iter(self.draft_rows.values())))
-        rows = np.zeros((len(self.tokens), vocab))
-        for node, row in self.draft_rows.items():
-            if node in self.parents:
-                rows[node] = row
+        # the rows the sampler drew from, kept per node: no (n, V) matrix of mostly zero rows
+        internal = set(self.parents)
+        rows = NodeRows({node: row for node, row in self.draft_rows.items() if node in internal}, len(self.tokens), vocab)
         return DraftSkeleton(tuple(self.tokens), tuple(self.parents), rows, scheme, tuple(paths), tuple(self.prefixes))
 
 

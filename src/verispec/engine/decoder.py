@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from verispec.core.rng import SeededRng
-from verispec.core.sampling import SamplingParams, logits_to_probs
+from verispec.core.rows import LogitRows, draw_from
+from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
@@ -432,11 +433,16 @@ class SpeculativeDecoder(TextDecoding):
         return sample_iid_paths(rng, draft_fn, self.num_drafts, draft_len)
 
     def _target_tree(self, skeleton: DraftSkeleton, windows):
+        """Score the tree; its target rows stay logits on the model's device (core.rows.LogitRows)
+        and are processed only where the rule reads them. Modification windows (GBV-mod,
+        SpecTr-GBV★) rewrite whole rows, so with windows in force every row is built."""
         logits = self.target.score([-1, *skeleton.tokens[1:]], list(skeleton.parents))
-        raw = logits_to_probs(logits, self.params)
+        rows = LogitRows(logits, self.params)
         if not windows:
-            return skeleton.with_target(raw, validate=False), None
-        modified = modify_tree_targets(windows, np.asarray(skeleton.tokens), np.asarray(skeleton.parents), raw, skeleton.draft_probs)
+            return skeleton.with_target(rows, validate=False), None
+        modified = modify_tree_targets(
+            windows, np.asarray(skeleton.tokens), np.asarray(skeleton.parents), rows.dense(), skeleton.draft_probs
+        )
         return skeleton.with_target(modified.target_probs, validate=False), modified
 
     # ----- the loop -------------------------------------------------------------------------
@@ -491,10 +497,10 @@ class SpeculativeDecoder(TextDecoding):
     def _plain_round(self, rng):
         tic = time.perf_counter()
         logits = self.target.score([-1], [-1])
-        probs = logits_to_probs(logits, self.params)[0]
+        rows = LogitRows(logits, self.params)
         target_seconds = time.perf_counter() - tic
         tic = time.perf_counter()
-        token = rng.categorical(probs)
+        token, _ = draw_from(rng, rows, 0)  # greedy: the argmax, no vector built
         self.target.commit([], token)
         return StepStats(0, 1, 0, 1, 0.0, target_seconds, 0.0, time.perf_counter() - tic), [token], ()
 
@@ -535,8 +541,8 @@ class SpeculativeDecoder(TextDecoding):
     def _token_tree_round(self, rng, length: int):
         """One round with a deterministic candidate tree (``TokenTreeDrafter``): one target
         forward over the tree, the drafter sees the logits of every scored node, and the q-free
-        walk (``verify.qfree``) turns into probabilities only the rows of the nodes it visits.
-        Issue 16's lazy row providers (``core/rows.py``) can replace ``row`` here."""
+        walk (``verify.qfree``) turns into probabilities only the rows of the nodes it visits
+        (``core.rows.LogitRows``)."""
         tic = time.perf_counter()
         # the deepest node sits at position length - 1 + depth: keep it inside the target's context
         candidates = self.drafter.propose(max_depth=self.target.max_context - length)
@@ -548,15 +554,9 @@ class SpeculativeDecoder(TextDecoding):
 
         tic = time.perf_counter()
         self.drafter.observe_target(candidates.tokens, candidates.parents, logits)
-        rows: dict[int, np.ndarray] = {}
-
-        def row(node: int) -> np.ndarray:
-            if node not in rows:
-                rows[node] = logits_to_probs(logits[node : node + 1], self.params)[0]
-            return rows[node]
-
+        rows = LogitRows(logits, self.params)  # a row is processed only when the walk visits its node
         children = candidates.children_of()
-        visited, next_token, is_bonus, _ = qfree_walk(children.__getitem__, row, rng)
+        visited, next_token, is_bonus, _ = qfree_walk(children.__getitem__, rows.row, rng)
         verify_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()
@@ -590,7 +590,7 @@ class SpeculativeDecoder(TextDecoding):
         windows = ()
         if modified is not None:
             node = result.accepted_node
-            windows = advance_windows(modified.windows[node], modified.bases[node], result.next_token, tree.draft_probs[node])
+            windows = advance_windows(modified.windows[node], modified.bases[node], result.next_token, tree.draft.row(node))
         if result.modification is not None:
             windows = windows + (result.modification,)
         return windows

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+
 from verispec.core.rng import Rng
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.errors import UnsupportedDraftSchemeError
@@ -82,17 +84,25 @@ def chain_nodes(tree: DraftTree) -> tuple[int, ...]:
     return tree.path_to(tree.num_nodes - 1)
 
 
-def path_rows(tree: DraftTree, path: tuple[int, ...]):
-    """(rows root..leaf, target vectors (L+1, V), draft vectors (L, V)) of a root path, as arrays
-    or lists of row views, both indexable by position.
+class PathRows:
+    """The rows of a root path by position: ``self[i]`` is the full row (V,) of ``nodes[i]``,
+    built on first use by the tree's row provider (core.rows), never a copy of the others."""
 
-    A chain stores its nodes in order, so the vectors are views, not copies (a copy of the
-    rows costs more than BV itself at V = 50k)."""
+    def __init__(self, rows, nodes):
+        self.rows, self.nodes = rows, list(nodes)
+
+    def __getitem__(self, position: int) -> np.ndarray:
+        return self.rows.row(self.nodes[position])
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+def path_rows(tree: DraftTree, path: tuple[int, ...]):
+    """(rows root..leaf, target rows p_1..p_{L+1}, draft rows q_1..q_L) of a root path; the
+    vectors are ``PathRows`` indexable by position and are processed only when read."""
     rows = [ROOT, *path]
-    if rows == list(range(len(rows))):
-        return rows, tree.target_probs[: len(rows)], tree.draft_probs[: len(rows) - 1]
-    # a path through a trie: lists of row views (stacking them would copy L x V floats)
-    return rows, [tree.target_probs[r] for r in rows], [tree.draft_probs[r] for r in rows[:-1]]
+    return rows, PathRows(tree.target, rows), PathRows(tree.draft, rows[:-1])
 
 
 def result_at(tree: DraftTree, node: int, next_token: int, is_bonus: bool, **extra) -> VerifyResult:

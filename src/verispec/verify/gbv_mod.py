@@ -87,11 +87,11 @@ class GBVMod(Verifier):
         window = None
         remaining = len(path) - 1 - tau
         if self.modify_target and remaining > 0:
-            log_p = sum(safe_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
-            log_q = sum(safe_log(tree.draft_probs[rows[j], tokens[j]]) for j in range(tau))
+            log_p = sum(safe_log(tree.target.prob(rows[j], tokens[j])) for j in range(tau))
+            log_q = sum(safe_log(tree.draft.prob(rows[j], tokens[j])) for j in range(tau))
             window = ModificationWindow(
-                log_p + safe_log(tree.target_probs[rows[tau], next_token]),
-                PlainDraftJoint(log_q + safe_log(tree.draft_probs[rows[tau], next_token])),
+                log_p + safe_log(tree.target.prob(rows[tau], next_token)),
+                PlainDraftJoint(log_q + safe_log(tree.draft.prob(rows[tau], next_token))),
                 remaining,
             )
         return result_at(

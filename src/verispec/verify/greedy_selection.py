@@ -132,7 +132,9 @@ def greedy_child(tree: DraftTree, node: int) -> int:
     Only the children's ratios are computed (O(children), not O(V))."""
     children = tree.children[node]
     tokens = tree.tokens[list(children)]
-    ratios = local_ratios(tree.target_probs[node][tokens], tree.draft_probs[node][tokens])
+    # one gather per side (core.rows): only the children's entries, no full rows
+    nodes = [node] * len(children)
+    ratios = local_ratios(np.asarray(tree.target.probs_of(nodes, tokens)), np.asarray(tree.draft.probs_of(nodes, tokens)))
     best = max(range(len(children)), key=lambda i: order_key(ratios, i, int(tokens[i])))
     return children[best]
 

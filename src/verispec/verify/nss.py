@@ -18,6 +18,7 @@ import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD
 from verispec.core.rng import Rng
+from verispec.core.rows import draw_from
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, result_at
 
@@ -31,25 +32,31 @@ class NaiveSpecInfer(Verifier):
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         node = ROOT
         while True:
-            target = tree.target_probs[node]
             children = tree.children[node]
             if not children:
-                return result_at(tree, node, rng.categorical(target), True)
+                return result_at(tree, node, draw_from(rng, tree.target, node)[0], True)
             child_of: dict[int, int] = {}
             for child in children:
                 child_of.setdefault(int(tree.tokens[child]), child)
             tokens = list(child_of)
-            hit = target[tokens]
-            total = float(target.sum())
-            miss = max(total - float(hit.sum()), 0.0)
+            hit = tree.target.probs_of([node] * len(tokens), tokens)  # one gather, no full row
+            # rows sum to 1 (within 1e-6, checked where they are built), so the miss mass needs
+            # no pass over V; the categorical renormalises by the total
+            miss = max(1.0 - float(hit.sum()), 0.0)
             choice = rng.categorical(np.append(hit, miss) / (float(hit.sum()) + miss))
             if choice < len(tokens):
                 node = child_of[tokens[choice]]
                 continue
-            rest = target.copy()
-            rest[tokens] = 0.0
-            mass = rest.sum()
-            if not mass > RESIDUAL_MASS_GUARD:  # a miss of probability ~0 (rounding only)
-                return result_at(tree, node, rng.categorical(target), False, diagnostics={"residual_guard_hits": 1})
-            rest /= mass
-            return result_at(tree, node, rng.categorical(rest), False)
+            token, guard = draw_from(rng, tree.target, node, lambda: _miss_law(tree.target.row(node), tokens))
+            return result_at(tree, node, token, False, diagnostics={"residual_guard_hits": guard} if guard else {})
+
+
+def _miss_law(target: np.ndarray, tokens: list[int]) -> tuple[np.ndarray, bool]:
+    """p restricted to the non-child tokens, normalised (V,); (p, True) if that has no mass."""
+    rest = target.copy()
+    rest[tokens] = 0.0
+    mass = rest.sum()
+    if not mass > RESIDUAL_MASS_GUARD:  # a miss of probability ~0 (rounding only)
+        return target, True
+    rest /= mass
+    return rest, False

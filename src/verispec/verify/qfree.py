@@ -82,6 +82,6 @@ class QFreeTreeVerification(Verifier):
                 child_of.setdefault(int(tree.tokens[child]), child)
             return child_of
 
-        visited, token, is_bonus, guard = qfree_walk(children_of, lambda node: tree.target_probs[node], rng)
+        visited, token, is_bonus, guard = qfree_walk(children_of, tree.target.row, rng)
         extra = {"diagnostics": {"residual_guard_hits": 1}} if guard else {}
         return result_at(tree, visited[-1], token, is_bonus, **extra)

@@ -34,6 +34,7 @@ import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD, normalized_positive_part
 from verispec.core.rng import Rng
+from verispec.core.rows import DenseRows, Rows, draw_from
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
 
@@ -49,27 +50,41 @@ def _positive_residual(target: np.ndarray, draft: np.ndarray, fallback: np.ndarr
 
 
 def _recursive_rejection(
-    rng: Rng, target: np.ndarray, draft: np.ndarray, candidates: Sequence[int], without_replacement: bool
-) -> tuple[int | None, np.ndarray | None, int]:
-    """§8.1 with diagnostics: (accepted index or None, t_m or None, residual guard hits)."""
-    t, d = target, draft
+    rng: Rng, target, draft, candidates: Sequence[int], without_replacement: bool, node: int = 0
+) -> tuple[int | None, np.ndarray | Callable | None, int]:
+    """§8.1 with diagnostics: (accepted index or None, t_m or None, residual guard hits).
+
+    target / draft: the (V,) rows p(.|u), q(.|u), or row providers (core.rows) with ``node`` the
+    row to read. Until a candidate is rejected only one entry per candidate is read; full rows
+    are built at the first rejection. With point-mass target rows (greedy) every t_j is p itself
+    (norm([p - d]_+) = p, or its guard fallback p), so no row is ever built and t_m is returned
+    as a builder for ``draw_from``, which draws the argmax."""
+    if not isinstance(target, Rows):
+        target, draft, node = DenseRows(np.asarray(target)[None]), DenseRows(np.asarray(draft)[None]), 0
+    t = d = None  # None: still the untouched rows p(.|u), q(.|u)
     guards = 0
     last = len(candidates) - 1
     for j, token in enumerate(candidates):
-        t_c, d_c = float(t[token]), float(d[token])
+        t_c = target.prob(node, token) if t is None else float(t[token])
+        d_c = draft.prob(node, token) if d is None else float(d[token])
         accept = 1.0 if t_c >= d_c else t_c / d_c
         if rng.bernoulli(accept):
             return j, None, guards
-        t, guard = _positive_residual(t, d, target)
-        guards += guard
+        if not target.greedy:
+            t, guard = _positive_residual(
+                target.row(node) if t is None else t, draft.row(node) if d is None else d, target.row(node)
+            )
+            guards += guard
         if without_replacement and j < last:
             # d_j = norm(d_{j-1} with c_j removed); support exhaustion leaves nothing to draw, so
             # the sampler stops and no further candidate reaches this line.
-            d = d.copy()
+            d = (draft.row(node) if d is None else d).copy()
             d[token] = 0.0
             mass = d.sum()
             if mass > 0.0:
                 d *= 1.0 / mass
+    if t is None:
+        return None, (lambda: (target.row(node), 0)), guards
     return None, t, guards
 
 
@@ -84,6 +99,8 @@ def recursive_rejection(
     rejected; the extra token is then y ~ t_m (shape (V,), sums to 1).
     """
     accepted, final_residual, _ = _recursive_rejection(rng, target, draft, candidates, without_replacement)
+    if callable(final_residual):
+        final_residual = final_residual()[0]
     return accepted, final_residual
 
 
@@ -107,13 +124,18 @@ def rrs_acceptance(target: np.ndarray, draft: np.ndarray, num_candidates: int) -
 # ----- top-down driver shared by the node-wise rules (§8.2, §5.2, §10, §13) -------------------
 
 
-def top_down(tree: DraftTree, rng: Rng, node_rule: NodeRule, raw_paths: bool) -> VerifyResult:
+def top_down(tree: DraftTree, rng: Rng, node_rule: NodeRule, raw_paths: bool, reads_rows: bool = False) -> VerifyResult:
     """Walk the tree from the root, applying ``node_rule`` at each node (ALGORITHMS.md §8.2).
 
     raw_paths=True: the candidates at a node are the next raw tokens of the drafted paths that
     agree with the accepted prefix, in draft order, duplicates kept (§5.2; schemes CHAIN,
     IID_PATHS). raw_paths=False: the candidates are the node's children in sampling order.
     A leaf (no candidate) gives a bonus token y ~ p(.|leaf).
+
+    reads_rows=False: ``node_rule(rng, p row (V,), q row (V,), tokens)``; True:
+    ``node_rule(rng, target rows, draft rows, node, tokens)`` reading the tree's row providers
+    (core.rows) itself, so a node costs O(V) only where the rule needs a full row. The law of
+    the extra token a rule returns is a (V,) array or a builder () -> (law, guard hits).
     """
     node, depth, guards = ROOT, 0, 0
     if raw_paths:
@@ -125,27 +147,31 @@ def top_down(tree: DraftTree, rng: Rng, node_rule: NodeRule, raw_paths: bool) ->
         else:
             candidate_nodes = list(tree.children[node])
         if not candidate_nodes:
-            bonus = rng.categorical(tree.target_probs[node])
+            bonus, _ = draw_from(rng, tree.target, node)
             return result_at(tree, node, bonus, True, diagnostics={"residual_guard_hits": guards})
         tokens = [int(tree.tokens[c]) for c in candidate_nodes]
-        accepted, extra_law, guard = node_rule(rng, tree.target_probs[node], tree.draft_probs[node], tokens)
+        if reads_rows:
+            accepted, extra_law, guard = node_rule(rng, tree.target, tree.draft, node, tokens)
+        else:
+            accepted, extra_law, guard = node_rule(rng, tree.target.row(node), tree.draft.row(node), tokens)
         guards += guard
         if accepted is None:
-            return result_at(tree, node, rng.categorical(extra_law), False, diagnostics={"residual_guard_hits": guards})
+            build = extra_law if callable(extra_law) else (lambda law=extra_law: (law, 0))
+            token, guard = draw_from(rng, tree.target, node, build)
+            guards += guard
+            return result_at(tree, node, token, False, diagnostics={"residual_guard_hits": guards})
         node = candidate_nodes[accepted]
         if raw_paths:
             alive = [k for k in alive if len(paths[k]) > depth and paths[k][depth] == node]
         depth += 1
 
 
-def _with_replacement_rule(rng, target, draft, tokens):
-    return _recursive_rejection(rng, target, draft, tokens, without_replacement=False)
+def _with_replacement_rule(rng, target, draft, node, tokens):
+    return _recursive_rejection(rng, target, draft, tokens, without_replacement=False, node=node)
 
 
-def _without_replacement_rule(rng, target, draft, tokens):
-    return _recursive_rejection(rng, target, draft, tokens, without_replacement=True)
-
-
+def _without_replacement_rule(rng, target, draft, node, tokens):
+    return _recursive_rejection(rng, target, draft, tokens, without_replacement=True, node=node)
 class RRS(Verifier):
     """Recursive rejection sampling with replacement (§8): i.i.d. candidates, duplicates kept."""
 
@@ -156,7 +182,7 @@ class RRS(Verifier):
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         raw = tree.scheme in (DraftScheme.CHAIN, DraftScheme.IID_PATHS)
-        return top_down(tree, rng, _with_replacement_rule, raw_paths=raw)
+        return top_down(tree, rng, _with_replacement_rule, raw_paths=raw, reads_rows=True)
 
 
 class RRSw(Verifier):
@@ -169,7 +195,7 @@ class RRSw(Verifier):
     supported_schemes = frozenset({DraftScheme.CHAIN, DraftScheme.IID_PATHS, DraftScheme.WITHOUT_REPLACEMENT})
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
-        return top_down(tree, rng, _without_replacement_rule, raw_paths=False)
+        return top_down(tree, rng, _without_replacement_rule, raw_paths=False, reads_rows=True)
 
 
 class RRSDeduplicated(Verifier):
@@ -182,4 +208,4 @@ class RRSDeduplicated(Verifier):
     supported_schemes = frozenset({DraftScheme.IID_PATHS})
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
-        return top_down(tree, rng, _with_replacement_rule, raw_paths=False)
+        return top_down(tree, rng, _with_replacement_rule, raw_paths=False, reads_rows=True)

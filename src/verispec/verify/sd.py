@@ -2,14 +2,21 @@
 
 For i = 1..L accept x_i with probability min(1, p_i(x_i)/q_i(x_i)); at the first rejection emit
 y ~ norm([p_i - q_i]_+); if all L are accepted emit a bonus y ~ p_{L+1}. Lossless per iteration.
+
+Rows are read through the tree's row providers (core.rows): the ratios need one entry per row,
+fetched in blocks of 2, 4, 8, ... positions (one batched gather each, so a rejection at position i
+has touched at most 2i rows), and full rows are built only for the residual or the bonus draw.
 """
 
 from __future__ import annotations
 
 from verispec.core.probs import residual
 from verispec.core.rng import Rng
+from verispec.core.rows import draw_from
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+
+FIRST_BLOCK = 2
 
 
 def acceptance_ratio(target_prob: float, draft_prob: float) -> float:
@@ -24,12 +31,21 @@ class SpeculativeSampling(Verifier):
     supported_schemes = frozenset({DraftScheme.CHAIN})
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
-        parent = ROOT
-        for node in chain_nodes(tree):
-            token = int(tree.tokens[node])
-            p, q = tree.target_probs[parent], tree.draft_probs[parent]
-            if not rng.bernoulli(acceptance_ratio(p[token], q[token])):
-                dist, guard = residual(p, q)
-                return result_at(tree, parent, rng.categorical(dist), False, diagnostics={"residual_guard_hits": guard})
-            parent = node
-        return result_at(tree, parent, rng.categorical(tree.target_probs[parent]), True)
+        path = chain_nodes(tree)
+        parents = [ROOT, *path[:-1]]
+        start, block = 0, FIRST_BLOCK
+        while start < len(path):
+            stop = min(start + block, len(path))
+            tokens = [int(tree.tokens[node]) for node in path[start:stop]]
+            target_token = tree.target.probs_of(parents[start:stop], tokens)
+            draft_token = tree.draft.probs_of(parents[start:stop], tokens)
+            for offset in range(stop - start):
+                if not rng.bernoulli(acceptance_ratio(target_token[offset], draft_token[offset])):
+                    parent = parents[start + offset]
+                    token, guard = draw_from(
+                        rng, tree.target, parent, lambda: residual(tree.target.row(parent), tree.draft.row(parent))
+                    )
+                    return result_at(tree, parent, token, False, diagnostics={"residual_guard_hits": guard})
+            start, block = stop, block * 2
+        leaf = path[-1] if path else ROOT
+        return result_at(tree, leaf, draw_from(rng, tree.target, leaf)[0], True)

@@ -28,7 +28,8 @@ tie); that it is argmax q is checked on the rejection branches, which scan the v
 update p'(a) = p(a) - A1 happens only inside the x1 = a branch (so the (x1, a) branch accepts the
 hub with probability min(p(a), R2)/R2) and the final residual keeps r(a) = p(a). NOT lossless.
 
-All vectors are float64 of shape (V,); a binary node costs O(V) only after a rejection.
+All vectors are float64 of shape (V,); a binary node reads two entries per side (core.rows) and
+costs O(V) only after a rejection.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD
 from verispec.core.rng import Rng
+from verispec.core.rows import Rows
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.errors import InvalidDraftError
 from verispec.verify.base import Verifier, VerifyResult
@@ -132,33 +134,41 @@ def spechub_acceptance(target: np.ndarray, draft: np.ndarray) -> float:
 # ----- per-node rules -------------------------------------------------------------------------
 
 
-def _sd_rule(rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence[int]):
-    """A unary node: plain SD (§2)."""
+def _sd_rule(rng: Rng, target: Rows, draft: Rows, node: int, tokens: Sequence[int]):
+    """A unary node: plain SD (§2); target / draft are the tree's row providers."""
     token = tokens[0]
-    p_x, q_x = float(target[token]), float(draft[token])
+    p_x, q_x = target.prob(node, token), draft.prob(node, token)
     if rng.bernoulli(1.0 if p_x >= q_x else p_x / q_x):
         return 0, None, 0
-    weights = target - draft
-    np.maximum(weights, 0.0, out=weights)
-    mass = weights.sum()
-    if not mass > RESIDUAL_MASS_GUARD:
-        return None, target, 1
-    weights /= mass
-    return None, weights, 0
+
+    def residual_law():
+        weights = target.row(node) - draft.row(node)
+        np.maximum(weights, 0.0, out=weights)
+        mass = weights.sum()
+        if not mass > RESIDUAL_MASS_GUARD:
+            return target.row(node), 1
+        weights /= mass
+        return weights, 0
+
+    return None, residual_law, 0
 
 
-def _pair_rule(rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence[int], literal: bool):
+def _pair_rule(rng: Rng, target_rows: Rows, draft_rows: Rows, node: int, tokens: Sequence[int], literal: bool):
     """A binary node with the pair (x1, x2) in sampling order (§9.3; §9.4 when ``literal``).
-    Returns (accepted index, residual law or None, guard hits)."""
+    Returns (accepted index, residual law (array or builder) or None, guard hits). The pair's
+    entries come from one gather per side; full rows only after the first test rejects."""
     first, second = int(tokens[0]), int(tokens[1])
-    hub = _pair_hub(draft, first, second)
-    hub_mass = float(draft[hub])
+    p_first, p_second = target_rows.probs_of([node, node], [first, second])
+    q_first, q_second = draft_rows.probs_of([node, node], [first, second])
+    hub = _pair_hub(float(q_first), float(q_second), first, second)
+    hub_mass = float(q_first if hub == first else q_second)
     ratio_hub = hub_mass / (1.0 - hub_mass)  # Q(a, x) = ratio_hub * q(x)
-    p_hub = float(target[hub])
+    p_hub = float(p_first if hub == first else p_second)
     if second == hub:  # pair (x1, a): accept x1 w.p. pi1(x1)/q(x1) = min(1, p/q)
-        p_x, q_x = float(target[first]), float(draft[first])
+        p_x, q_x = float(p_first), float(q_first)
         if rng.bernoulli(1.0 if p_x >= q_x else p_x / q_x):
             return 0, None, 0
+        target, draft = target_rows.row(node), draft_rows.row(node)
         _check_hub(draft, hub, first, second)
         r2 = _r2(target, draft, hub)
         a1 = min(p_hub, _r1(target, draft, hub, ratio_hub))
@@ -168,10 +178,11 @@ def _pair_rule(rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence
             return 1, None, 0
         a2_final = a2
     else:  # pair (a, x2): accept x2 w.p. pi2(x2)/Q(a, x2)
-        p_x, q_x = float(target[second]), float(draft[second])
+        p_x, q_x = float(p_second), float(q_second)
         pair_mass = ratio_hub * q_x
         if rng.bernoulli(min(max(p_x - q_x, 0.0), pair_mass) / pair_mass):
             return 1, None, 0
+        target, draft = target_rows.row(node), draft_rows.row(node)
         _check_hub(draft, hub, first, second)
         r1 = _r1(target, draft, hub, ratio_hub)
         a1 = min(p_hub, r1)
@@ -190,10 +201,10 @@ def _pair_rule(rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence
     return None, weights, 0
 
 
-def _pair_hub(draft: np.ndarray, first: int, second: int) -> int:
-    """The hub of a valid SpecHub pair in O(1): the pair holds the hub a = argmax q (lowest id on
-    ties), and the other token has q <= q(a), with a lower id than a if it ties (§9.1)."""
-    q_first, q_second = float(draft[first]), float(draft[second])
+def _pair_hub(q_first: float, q_second: float, first: int, second: int) -> int:
+    """The hub of a valid SpecHub pair in O(1) from the pair's draft probabilities: the pair holds
+    the hub a = argmax q (lowest id on ties), and the other token has q <= q(a), with a lower id
+    than a if it ties (§9.1)."""
     if first == second or max(q_first, q_second) >= 1.0:
         raise InvalidDraftError(
             f"SpecHub node has children ({first}, {second}) with q = ({q_first:.3g}, {q_second:.3g}); "
@@ -239,15 +250,15 @@ class SpecHub(Verifier):
     supported_schemes = frozenset({DraftScheme.SPECHUB_PAIR})
     literal = False
 
-    def _node_rule(self, rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence[int]):
+    def _node_rule(self, rng: Rng, target: Rows, draft: Rows, node: int, tokens: Sequence[int]):
         if len(tokens) == 1:
-            return _sd_rule(rng, target, draft, tokens)
+            return _sd_rule(rng, target, draft, node, tokens)
         if len(tokens) == 2:
-            return _pair_rule(rng, target, draft, tokens, self.literal)
+            return _pair_rule(rng, target, draft, node, tokens, self.literal)
         raise InvalidDraftError(f"SpecHub nodes have 1 or 2 children, got {len(tokens)}")
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
-        return top_down(tree, rng, self._node_rule, raw_paths=False)
+        return top_down(tree, rng, self._node_rule, raw_paths=False, reads_rows=True)
 
 
 class SpecHubLiteral(SpecHub):

@@ -38,8 +38,8 @@ class SpecTrGBVStar(Verifier):
         remaining = len(path) - 1 - tau
         if remaining > 0:
             state = SkewedDraftJoint(float(law.below[tau]), float(law.mass[tau]), num_drafts)
-            target, draft = tree.target_probs[rows[tau]], tree.draft_probs[rows[tau]]
-            log_p = sum(safe_log(tree.target_probs[rows[j], tokens[j]]) for j in range(tau))
+            target, draft = tree.target.row(rows[tau]), tree.draft.row(rows[tau])
+            log_p = sum(safe_log(tree.target.prob(rows[j], tokens[j])) for j in range(tau))
             window = ModificationWindow(
                 log_p + safe_log(target[next_token]), state.advance(next_token, target, draft), remaining
             )
