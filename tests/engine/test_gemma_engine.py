@@ -42,6 +42,8 @@ def gemma_target():
 
 def _shape(name):
     spec = METHODS[name]
+    if spec.tree_scheme is not None and spec.tree_scheme.value == "deterministic":  # qfree on a sampled draft: a tree shape
+        return dict(tree=[2, 2, 1])
     if spec.draft == "chain":
         return dict(num_drafts=1, draft_len=4)
     if spec.draft == "tree":

@@ -19,6 +19,7 @@ from verispec.verify.qfree import QFreeTreeVerification, qfree_walk
 from verispec.verify.registry import METHODS, get_method
 from verispec.verify.rrs import RRSw
 from verispec.verify.sd import SpeculativeSampling
+from verispec.core.rows import DenseRows
 
 DETERMINISTIC = DraftScheme.DETERMINISTIC
 # (name, V, shape): per-depth widths or nested shapes with 1-3 children per node, depth 3
@@ -101,7 +102,7 @@ def _forced(shape, scheme, fake_q=None):
                 if kids:
                     probs[node] = fake_q(kids, probs.shape[1])
         paths = (tuple(range(1, skeleton.num_nodes)),) if scheme is DraftScheme.CHAIN else ()
-        return replace(skeleton, draft_probs=probs, scheme=scheme, paths=paths)
+        return replace(skeleton, draft=DenseRows(probs), scheme=scheme, paths=paths)
 
     return sampler
 
