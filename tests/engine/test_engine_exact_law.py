@@ -13,10 +13,12 @@ Two families of cases:
   i.e. L-1-tau rows, so at L = 2 only the next round's root; and under top-2 the residual y mostly
   has q(y) = 0, so Q(z) = 0 and nothing is modified.
 * ``DEEP_CASES``: V = 3 without top-k, L = 3, law of 3 tokens, ``ContextOnlyDrafter`` (full q
-  within 2 tokens of the prompt, so y has q(y) > 0; a fixed function of the sequence, as GBV-mod's
-  modification assumes). A tau = 0 round leaves a window on the next round's root AND depth 1; two
-  tau = 0 rounds leave two windows stacked at the third root. A spy checks that rows below the
-  root and stacked rows really are modified in the enumerated runs.
+  within 3 (gbv-mod) / 2 (★) tokens of the prompt, so y has q(y) > 0; a fixed function of the
+  sequence, as GBV-mod's modification assumes). A tau = 0 round leaves a window on the next
+  round's root AND depth 1; two tau = 0 rounds leave two windows stacked at the third root. A spy
+  checks that rows below the root and stacked rows really are modified in the enumerated runs,
+  and (gbv-mod) that some stacked row depends on the stacking order: without a clipping [.]_+
+  stacking commutes, so "stacking reversed" needs a case where a window clips.
   These cases found a real bug (fixed): ``modify_tree_targets`` kept a view of the row it then
   overwrote as the first window's base, so windows advanced at deeper nodes used the modified p
   for P(z) (gbv-mod lossy by 1.5e-2, invisible to ``CASES``).
