@@ -56,3 +56,19 @@ def test_scaled_to_linear_handles_factors_beyond_float_range():
     assert out[1] == pytest.approx(1e-300 * math.exp(400) * math.exp(400), rel=1e-9)
     assert scaled_to_linear(vector, -math.inf).tolist() == [0.0, 0.0, 0.0]
     assert np.array_equal(scaled_to_linear(vector, 0.0), vector)
+
+
+def test_tree_windows_advance_by_the_row_they_saw_not_the_modified_row():
+    """modify_tree_targets on a chain root -> node 1 (token 0) with one window at the root: the
+    window at node 1 has log P(z) advanced by the root's RAW p(0) (the base the window saw), and
+    the root's base is that raw row. Regression: the base aliased the root's modified row."""
+    from verispec.verify.modification import modify_tree_targets
+
+    raw = np.array([[0.5, 0.25, 0.25], [0.2, 0.3, 0.5], [0.4, 0.4, 0.2]])
+    draft = np.array([DRAFT, DRAFT, np.zeros(3)])
+    window = ModificationWindow(math.log(0.3), PlainDraftJoint(math.log(0.2)), remaining=2)
+    result = modify_tree_targets((window,), np.array([-1, 0, 1]), np.array([-1, 0, 1]), raw, draft)
+    assert not np.allclose(result.target_probs[0], raw[0])  # the root really is modified
+    np.testing.assert_array_equal(result.bases[0][0], raw[0])
+    (deeper,) = result.windows[1]
+    assert deeper.log_target_joint == pytest.approx(math.log(0.3) + math.log(raw[0, 0]), abs=1e-12)

@@ -192,8 +192,10 @@ def modify_tree_targets(
                 node_windows[parent], node_bases[parent], int(tokens[node]), draft_probs[parent]
             )
         if node_windows[node]:
+            # a copy: effective[node] is a view that the assignment overwrites, and the first
+            # window's base must stay the unmodified row (its P(z) advances by the raw p)
             effective[node], node_bases[node], hits = effective_target(
-                node_windows[node], effective[node], draft_probs[node]
+                node_windows[node], effective[node].copy(), draft_probs[node]
             )
             guards += hits
     return TreeModification(effective, tuple(node_windows), tuple(node_bases), guards)
