@@ -97,10 +97,14 @@ def draft_skeleton(kind: str, rng: SeededRng, pair: SyntheticPair, num_drafts: i
         return sample_iid_paths(rng, pair.draft, num_drafts, draft_len)
     if kind == "spechub":
         return sample_tree(rng, pair.draft, [2] + [1] * (draft_len - 1), DraftScheme.SPECHUB_PAIR)
+    if kind == "deterministic":  # qfree: top-q candidates, K per node at the root, then chains
+        return sample_tree(rng, pair.draft, [num_drafts] + [1] * (draft_len - 1), DraftScheme.DETERMINISTIC)
     raise ValueError(f"unknown draft kind {kind!r}")
 
 
 def draft_kind(spec: MethodSpec) -> str:
+    if spec.tree_scheme is DraftScheme.DETERMINISTIC:
+        return "deterministic"
     if spec.draft == "tree":
         if spec.tree_scheme is not DraftScheme.SPECHUB_PAIR:
             raise ValueError(f"no tree sampler configured for {spec.name} ({spec.tree_scheme})")

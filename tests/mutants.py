@@ -93,14 +93,15 @@ MUTANTS = [
     Mutant(
         "bv_residual_w1",
         "BV residual norm([p - q]_+) instead of norm([w p - q]_+)",
-        (("verify/bv.py", "residual(target_probs[i], draft_rows[i], target_scale=w)",
-          "residual(target_probs[i], draft_rows[i])"),),
+        (("verify/bv.py", "lambda: residual(target_rows[tau], draft_rows[tau], target_scale=w)",
+          "lambda: residual(target_rows[tau], draft_rows[tau])"),),
         (BLOCK,),
     ),
     Mutant(
         "sd_residual_swapped",
         "SD residual norm([q - p]_+)",
-        (("verify/sd.py", "dist, guard = residual(p, q)", "dist, guard = residual(q, p)"),),
+        (("verify/sd.py", "residual(tree.target.row(parent), tree.draft.row(parent))",
+          "residual(tree.draft.row(parent), tree.target.row(parent))"),),
         (BLOCK,),
     ),
     Mutant(
@@ -171,8 +172,8 @@ MUTANTS = [
     Mutant(
         "rrsw_no_draft_update",
         "RRSw keeps the with-replacement draft after a rejection",
-        (("verify/rrs.py", "def _without_replacement_rule(rng, target, draft, tokens):\n    return _recursive_rejection(rng, target, draft, tokens, without_replacement=True)",
-          "def _without_replacement_rule(rng, target, draft, tokens):\n    return _recursive_rejection(rng, target, draft, tokens, without_replacement=False)"),),
+        (("verify/rrs.py", "return _recursive_rejection(rng, target, draft, tokens, without_replacement=True, node=node)",
+          "return _recursive_rejection(rng, target, draft, tokens, without_replacement=False, node=node)"),),
         ("tests/verify/test_rrs.py", BRANCHING),
     ),
     Mutant(
