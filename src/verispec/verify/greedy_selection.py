@@ -81,7 +81,10 @@ def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
         below[zero_ratio] = (cumulative - zero_mass)[zero_ratio]
         bottom = float(cumulative[-1])
     middle = np.flatnonzero((target > 0) & (draft > 0))
-    ratios = target[middle] / draft[middle]
+    if len(middle) == vocab:  # untruncated rows: every token is in the middle, skip the gathers
+        middle, ratios = np.arange(vocab), target / draft
+    else:
+        ratios = target[middle] / draft[middle]
     order = np.argsort(ratios)
     ranked_ratios = ratios[order]
     if np.any(ranked_ratios[1:] == ranked_ratios[:-1]):  # exact ties: the full key (ratio, id)
