@@ -145,6 +145,7 @@ def test_speculators_config_and_tensor_names(tmp_path):
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]  # vLLM: input of layer i, as verispec
     assert "norm_before_residual" in config and config["norm_before_residual"] is True
     assert config["norm_before_fc"] is False
+    assert config["fc_norm"] is False and config["norm_output"] is False
     speculators = config["speculators_config"]
     assert speculators["algorithm"] == "eagle3"
     assert speculators["proposal_methods"][0]["speculative_tokens"] == 5
@@ -277,7 +278,10 @@ def test_unsupported_published_settings_are_refused(tmp_path):
     _rewrite_config(tmp_path / "s", norm_before_residual=False, norm_before_fc=True)
     with pytest.raises(ConfigError, match="norm_before_fc"):
         load_any_head(tmp_path / "s")
-    _rewrite_config(tmp_path / "s", norm_before_fc=False, draft_vocab_size=D + 1)
+    _rewrite_config(tmp_path / "s", norm_before_fc=False, fc_norm=True)
+    with pytest.raises(ConfigError, match="fc_norm = true"):
+        load_any_head(tmp_path / "s")
+    _rewrite_config(tmp_path / "s", fc_norm=False, draft_vocab_size=D + 1)
     with pytest.raises(ConfigError, match="d2t must be integer offsets of shape \\(21,\\)"):
         load_any_head(tmp_path / "s")
 

@@ -35,7 +35,8 @@ and both formats above, including published checkpoints: ``model.``-prefixed nam
 (a full-vocabulary head), a ``d2t`` whose target ids are not increasing (the ``lm_head`` rows are
 permuted to increasing order: the same distribution), missing layer ids (EAGLE-3's default for the
 target's layer count). What the head's forward cannot reproduce exactly is refused with a
-ConfigError: rope scaling, more than one decoder layer, biases, ``norm_before_fc``, other activations.
+ConfigError: rope scaling, more than one decoder layer, biases, tied embeddings, other activations,
+speculators' ``norm_before_fc`` / ``fc_norm`` / ``norm_output`` (speculators 0.9.0's Eagle3SpeculatorConfig).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def export_config(config: HeadConfig, format: str, verifier_name_or_path: str | 
         "target_hidden_size": config.target_hidden_size,
         "norm_before_residual": config.norm_before_residual,
         "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
         "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
         "embed_requires_grad": False,
         "speculators_config": {
@@ -372,8 +375,20 @@ def _default_layer_ids(target_config, where: Path) -> tuple[int, ...]:
     return default_aux_layer_ids(int(target_config.num_hidden_layers))
 
 
+def _refuse_feature_norms(raw: dict, where: Path) -> None:
+    """speculators' optional extra norms (0.9: norm_before_fc, fc_norm, norm_output) change the
+    forward; the head has none of them."""
+    meanings = {"norm_before_fc": "an RMSNorm over the concatenated features before fc",
+                "fc_norm": "an RMSNorm on each feature before fc",
+                "norm_output": "post-norm states fed back across draft steps"}
+    for flag, meaning in meanings.items():
+        if raw.get(flag):
+            raise ConfigError(f"{str(where)!r}: {flag} = true ({meaning}) is not supported by verispec's head")
+
+
 def _config_from_eagle3(raw: dict, target_config, where: Path) -> HeadConfig:
     fields = _common_layer_fields(raw, where)
+    _refuse_feature_norms(raw, where)
     eagle = raw.get("eagle_config") or {}
     if eagle.get("use_aux_hidden_state") is False:
         raise ConfigError(f"{str(where)!r}: use_aux_hidden_state = false (an EAGLE-1-style head) is not supported")
@@ -400,8 +415,7 @@ def _config_from_speculators(raw: dict, target_config, where: Path) -> HeadConfi
     if not isinstance(layer, dict):
         raise ConfigError(f"{str(where)!r}: a speculators config needs a transformer_layer_config dictionary")
     fields = _common_layer_fields(layer, where)
-    if raw.get("norm_before_fc"):
-        raise ConfigError(f"{str(where)!r}: norm_before_fc = true (an RMSNorm over the features before fc) is not supported")
+    _refuse_feature_norms(raw, where)
     if "norm_before_residual" not in raw:
         raise ConfigError(
             f"{str(where)!r}: norm_before_residual is absent (vLLM assumes true, the speculators library false); "
