@@ -390,6 +390,7 @@ def test_cli_draft_check_on_a_tiny_head(tmp_path, capsys, fmt):
     depths = report["alpha_per_depth"]
     assert len(depths) == 4 and all(0.0 <= a <= 1.0 for a in depths)
     assert report["alpha"] == depths[0]
+    assert isinstance(report["alpha_std_over_sequences"], float) and len(report["alpha_std_per_depth"]) == 4
     counts = report["positions_per_depth"]
     assert counts[0] == report["positions"] > 0 and all(a >= b for a, b in zip(counts, counts[1:]))
     assert 0.0 < report["draft_vocab_mass"] <= 1.0 + 1e-9

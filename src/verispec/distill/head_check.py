@@ -141,7 +141,8 @@ class HeadCheckReport:
     draft_temperature: float
     alpha: float
     alpha_per_depth: list[float]
-    alpha_std_over_sequences: list[float]
+    alpha_std_over_sequences: float
+    alpha_std_per_depth: list[float]
     positions: int
     positions_per_depth: list[int]
     draft_vocab_size: int
@@ -174,7 +175,8 @@ def build_head_report(target_name: str, draft_name: str, head_format: str, head:
         target=target_name, draft=draft_name, head_format=head_format, vocab_compatible=True, vocab_problems=[],
         temperature=params.temperature, draft_temperature=draft_params.temperature,
         alpha=measured.alpha_per_depth[0], alpha_per_depth=measured.alpha_per_depth,
-        alpha_std_over_sequences=measured.alpha_std_over_sequences, positions=measured.positions_per_depth[0],
+        alpha_std_over_sequences=measured.alpha_std_over_sequences[0],
+        alpha_std_per_depth=measured.alpha_std_over_sequences, positions=measured.positions_per_depth[0],
         positions_per_depth=measured.positions_per_depth, draft_vocab_size=head.config.draft_vocab_size,
         draft_vocab_mass=measured.draft_vocab_mass, sequences=sequences, cost_ratio=cost["cost_ratio"],
         target_ms_per_token=cost["target_ms_per_token"], draft_ms_per_token=cost["draft_ms_per_token"],
