@@ -411,3 +411,9 @@ def test_cli_draft_check_refuses_a_head_for_another_vocabulary(tmp_path, capsys)
                  str(_prompt_file(tmp_path)), "--dtype", "fp32", "--json"])
     assert code == 2
     assert "head vocabulary 12 != target vocabulary 14" in capsys.readouterr().err
+
+
+def test_cli_draft_check_head_without_a_shipped_head(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(head_export, "SHIPPED_HEAD_DIR", tmp_path / "no-assets")
+    assert main(["draft", "check", "--draft", "head", "--json"]) == 2
+    assert "ships no trained head" in capsys.readouterr().err

@@ -35,8 +35,8 @@ def run_head_check(args) -> int:
 
     _set_threads(args.threads)
     dtype = DTYPES[args.dtype]
+    directory = resolve_head_dir(args.draft)  # before the target loads: a missing head fails fast
     target, tokenizer = load_model(args.target, dtype, args.device)
-    directory = resolve_head_dir(args.draft)
     head = load_any_head(directory, target.config, dtype=dtype, device=args.device)  # vocabulary/width checked
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     draft_temperature = args.temperature if args.draft_temperature is None else args.draft_temperature

@@ -27,7 +27,9 @@
     plus ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
 
 Neither export holds ``embed_tokens.weight``: the head uses the target's input embedding, which
-vLLM shares from the target when the draft has none (its loader skips ``embed_tokens`` then).
+vLLM shares from the target when the draft has none (its loader skips ``embed_tokens`` then) and
+SGLang's EAGLE worker always shares for EAGLE-3 (``set_embed``). ``draft_vocab_size`` is always
+written, even for a full-vocabulary head: SGLang replaces ``lm_head`` by the target's when it is absent.
 
 ``load_any_head(dir, target_config)`` reads verispec's native format (``models.eagle_head.save_head``)
 and both formats above, including published checkpoints: ``model.``-prefixed names, ``midlayer.`` or
