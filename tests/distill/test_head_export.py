@@ -4,6 +4,7 @@ and tensor names, published-style checkpoints, clear errors, and `draft check` o
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -360,6 +361,26 @@ def test_head_alpha_matches_a_decode_time_computation(tmp_path):
     assert measured.alpha_per_depth[0] != pytest.approx(measured.alpha_per_depth[1], abs=1e-4)
 
 
+def test_rrs_acceptance_matches_the_closed_form_test_vector():
+    p, q = np.array([[0.1, 0.6, 0.3]]), np.array([[0.5, 0.3, 0.2]])
+    assert head_check.rrs_acceptance(p, q, 1)[0] == pytest.approx(0.6)  # sum min(p, q)
+    assert head_check.rrs_acceptance(p, q, 2)[0] == pytest.approx(0.80)  # ALGORITHMS.md §8.1 / §14.4
+    assert head_check.rrs_acceptance(q, q, 4)[0] == pytest.approx(1.0)
+
+
+def test_tree_predictions():
+    alphas = {1: [0.8, 0.5, 0.4], 2: [0.9, 0.7, 0.6], 4: [0.95, 0.8, 0.7]}
+    rows = {tuple(r["shape"]): r for r in head_check.tree_predictions(alphas, 0.1)}
+    assert (2, 1, 1, 1) not in rows  # deeper than measured
+    two_two = rows[(2, 2)]
+    assert two_two["nodes"] == 6 and two_two["head_rows"] == 3
+    assert two_two["block_efficiency"] == pytest.approx(1 + 0.9 + 0.9 * 0.7)
+    assert two_two["speedup"] == pytest.approx((1 + 0.9 + 0.9 * 0.7) / 1.3)
+    four_two_one = rows[(4, 2, 1)]
+    assert four_two_one["head_rows"] == 1 + 4 + 8 and four_two_one["nodes"] == 4 + 8 + 8
+    assert four_two_one["block_efficiency"] == pytest.approx(1 + 0.95 + 0.95 * 0.7 + 0.95 * 0.7 * 0.4)
+
+
 def test_chain_predictions():
     rows = head_check.chain_predictions([0.8, 0.5, 0.5], 0.1)
     assert [r["L"] for r in rows] == [1, 2, 3]
@@ -401,6 +422,10 @@ def test_cli_draft_check_on_a_tiny_head(tmp_path, capsys, fmt):
     best = report["by_L"][report["best_L"] - 1]
     assert report["predicted_speedup"] == best["speedup"] == max(r["speedup"] for r in report["by_L"])
     assert report["verdict"] in ("good", "marginal", "not worth it")
+    rrs = report["rrs_alpha_per_depth"]
+    assert sorted(rrs) == ["1", "2", "4"] and rrs["1"] == depths
+    assert all(a <= b + 1e-12 <= c + 2e-12 for a, b, c in zip(rrs["1"], rrs["2"], rrs["4"]))
+    assert [tuple(r["shape"]) for r in report["by_tree"]] == [tuple(s) for s in head_check.TREE_SHAPES]
 
 
 def test_cli_draft_check_refuses_a_head_for_another_vocabulary(tmp_path, capsys):

@@ -87,6 +87,17 @@ def _print_head_check(report) -> None:
         table.add_row(str(row["L"]) + mark, f"{row['block_efficiency']:.2f}", f"{row['speedup']:.2f}x")
     console.print(table)
     console.print(f"best L = {report.best_L}, predicted speedup {report.predicted_speedup:.2f}x")
+    for children, alphas in report.rrs_alpha_per_depth.items():
+        console.print(f"RRS acceptance per depth with {children} i.i.d. children: " + ", ".join(f"{a:.3f}" for a in alphas))
+    if report.by_tree:
+        trees = Table(title="token trees (children per level, RRS; assumes a head query row costs one step and the "
+                            "target forward does not grow with the tree)")
+        for column in ("shape", "nodes", "head rows", "block efficiency", "predicted speedup"):
+            trees.add_column(column, justify="right")
+        for row in report.by_tree:
+            trees.add_row(",".join(map(str, row["shape"])), str(row["nodes"]), str(row["head_rows"]),
+                          f"{row['block_efficiency']:.2f}", f"{row['speedup']:.2f}x")
+        console.print(trees)
     console.print(f"verdict: [bold]{report.verdict}[/bold]")
     for reason in report.reasons:
         console.print(f"  - {reason}")

@@ -12,6 +12,13 @@
 * predicted tokens per round for a chain of L head steps, 1 + sum_{d<=L} prod_{i<=d} alpha_i, over
   the round cost 1 + L c, for L = 1..depths (no extrapolation beyond the measured depths); the best
   L and a verdict with ``distill.check.verdict``'s rules of thumb.
+* token trees, children drawn i.i.d. from the head's q and verified top-down by RRS (ALGORITHMS.md
+  §8, §13): per depth the acceptance with m children, alpha_d(m) = 1 - prod_{j<m} (1 - sum_x
+  min(t_j, q)) (§8.1's closed form, t_0 = p, t_{j+1} = norm([t_j - q]_+)), for m in ``TREE_CHILDREN``;
+  a shape (k_1..k_L) is predicted 1 + sum_d prod_{i<=d} alpha_i(k_i) tokens per round over
+  1 + c * (head query rows: prod_{i<d} k_i at level d). Assumptions, stated: the accepted child is
+  distributed as the target's token (so the next level's teacher-forced acceptance applies), a head
+  query row costs one head step, and the target forward costs the same for the tree as for one token.
 """
 
 from __future__ import annotations
@@ -28,6 +35,24 @@ from verispec.distill.check import acceptance_per_position, measure_cost_ratio, 
 from verispec.models.eagle_head import Eagle3Head, target_features
 
 
+TREE_CHILDREN = (1, 2, 4)
+TREE_SHAPES = ((2, 1), (2, 2), (4, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1), (2, 1, 1, 1), (2, 2, 1, 1), (4, 2, 1, 1))
+
+
+def rrs_acceptance(target_probs: np.ndarray, draft_probs: np.ndarray, children: int) -> np.ndarray:
+    """Probability that top-down RRS accepts one of ``children`` i.i.d. draws from q at each row
+    (ALGORITHMS.md §8.1, closed form): (n, V), (n, V) -> (n,)."""
+    residual = target_probs
+    reject = np.ones(target_probs.shape[0])
+    for _ in range(children):
+        accept = np.minimum(residual, draft_probs).sum(axis=-1)
+        reject = reject * (1.0 - accept)
+        left = np.maximum(residual - draft_probs, 0.0)
+        mass = left.sum(axis=-1, keepdims=True)
+        residual = np.divide(left, mass, out=np.zeros_like(left), where=mass > 0)
+    return 1.0 - reject
+
+
 @dataclass
 class HeadAlpha:
     """alpha_per_depth[k-1] = alpha_k; std over sequences and position counts per depth;
@@ -37,6 +62,7 @@ class HeadAlpha:
     alpha_std_over_sequences: list[float]
     positions_per_depth: list[int]
     draft_vocab_mass: float
+    rrs_alpha_per_depth: dict[int, list[float]]  # children m -> alpha_d(m), d = 1..depths
 
 
 def _to_target_vocab(head: Eagle3Head, draft_logits: torch.Tensor) -> torch.Tensor:
@@ -58,6 +84,7 @@ def head_alpha_per_depth(
     device = next(head.parameters()).device
     embedding = target.get_input_embeddings()
     per_depth: list[list[np.ndarray]] = [[] for _ in range(depths)]
+    rrs: dict[int, list[list[np.ndarray]]] = {m: [[] for _ in range(depths)] for m in TREE_CHILDREN if m > 1}
     masses = []
     for tokens, prompt_len in sequences:
         tokens = list(tokens)
@@ -79,6 +106,8 @@ def head_alpha_per_depth(
             p = logits_to_probs(logits[0, first + 1 : n - 1].float().cpu(), params)
             q = logits_to_probs(_to_target_vocab(head, steps[k - 1][0, entries]).cpu(), draft_params)
             per_depth[k - 1].append(acceptance_per_position(p, q))
+            for m, rows in rrs.items():
+                rows[k - 1].append(rrs_acceptance(p, q, m))
             if k == 1:
                 masses.append(p[:, head.draft_to_target.cpu().numpy()].sum(axis=-1))
     alphas, stds, counts = [], [], []
@@ -88,7 +117,10 @@ def head_alpha_per_depth(
         stds.append(float(np.std([r.mean() for r in rows if len(r)])) if rows else 0.0)
         counts.append(int(len(values)))
     mass = float(np.concatenate(masses).mean()) if masses else 0.0
-    return HeadAlpha(alphas, stds, counts, mass)
+    by_children = {1: alphas}
+    for m, rows in rrs.items():
+        by_children[m] = [float(np.concatenate(r).mean()) if r else 0.0 for r in rows]
+    return HeadAlpha(alphas, stds, counts, mass, by_children)
 
 
 @torch.no_grad()
@@ -130,6 +162,26 @@ def chain_predictions(alpha_per_depth: Sequence[float], cost_ratio: float) -> li
     return rows
 
 
+def tree_predictions(rrs_alpha_per_depth: dict[int, list[float]], cost_ratio: float,
+                     shapes: Sequence[Sequence[int]] = TREE_SHAPES) -> list[dict]:
+    """Predicted tokens per round and speedup of each tree shape (children per level) whose
+    branchings and depth were measured (see the module docstring for the assumptions)."""
+    rows = []
+    for shape in shapes:
+        if len(shape) > len(rrs_alpha_per_depth[1]) or any(k not in rrs_alpha_per_depth for k in shape):
+            continue
+        survive, expected, parents, head_rows = 1.0, 1.0, 1, 0
+        for depth, children in enumerate(shape):
+            head_rows += parents  # one head query per node whose children are drawn
+            survive *= rrs_alpha_per_depth[children][depth]
+            expected += survive
+            parents *= children
+        rows.append({"shape": list(shape), "nodes": sum(int(np.prod(shape[: d + 1])) for d in range(len(shape))),
+                     "head_rows": head_rows, "block_efficiency": expected,
+                     "speedup": expected / (1.0 + head_rows * cost_ratio)})
+    return rows
+
+
 @dataclass
 class HeadCheckReport:
     target: str
@@ -157,6 +209,8 @@ class HeadCheckReport:
     verdict: str
     reasons: list[str]
     by_L: list[dict]
+    rrs_alpha_per_depth: dict[str, list[float]]
+    by_tree: list[dict]
     dtype: str = "fp32"
 
     def to_dict(self) -> dict:
@@ -181,7 +235,9 @@ def build_head_report(target_name: str, draft_name: str, head_format: str, head:
         draft_vocab_mass=measured.draft_vocab_mass, sequences=sequences, cost_ratio=cost["cost_ratio"],
         target_ms_per_token=cost["target_ms_per_token"], draft_ms_per_token=cost["draft_ms_per_token"],
         best_L=best["L"], predicted_speedup=best["speedup"], predicted_block_efficiency=best["block_efficiency"],
-        verdict=label, reasons=reasons, by_L=rows, dtype=dtype,
+        verdict=label, reasons=reasons, by_L=rows,
+        rrs_alpha_per_depth={str(m): a for m, a in measured.rrs_alpha_per_depth.items()},
+        by_tree=tree_predictions(measured.rrs_alpha_per_depth, cost["cost_ratio"]), dtype=dtype,
     )
 
 
