@@ -442,3 +442,16 @@ def test_cli_draft_check_head_without_a_shipped_head(tmp_path, capsys, monkeypat
     monkeypatch.setattr(head_export, "SHIPPED_HEAD_DIR", tmp_path / "no-assets")
     assert main(["draft", "check", "--draft", "head", "--json"]) == 2
     assert "ships no trained head" in capsys.readouterr().err
+
+
+def test_cli_export_of_a_head_without_layer_ids_needs_the_target(tmp_path, capsys):
+    _, head, target_dir = _tiny_pair(tmp_path)
+    export_head(head, tmp_path / "published", "eagle3")
+    _rewrite_config(tmp_path / "published", eagle_config=None)  # as published heads that rely on the default
+    out = tmp_path / "out"
+    assert main(["export-head", str(tmp_path / "published"), "--format", "speculators", "--out", str(out)]) == 2
+    assert "names no feature layer ids" in capsys.readouterr().err
+    assert main(["export-head", str(tmp_path / "published"), "--format", "speculators", "--out", str(out),
+                 "--target", str(target_dir)]) == 0
+    assert load_any_head(out).config.aux_layer_ids == (2, 2, 2)  # EAGLE-3's default for 5 layers
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [2, 2, 2]

@@ -20,6 +20,9 @@ def add_export_head_parser(sub) -> None:
     parser.add_argument("--speculative-tokens", type=int, default=3,
                         help="draft length recorded as speculators_config.proposal_methods[0].speculative_tokens")
     parser.add_argument("--dtype", default="keep", choices=DTYPE_NAMES, help="cast the weights (default: as stored)")
+    parser.add_argument("--target", default=None,
+                        help="check the head against this target ('default' or a model directory); needed for a "
+                             "published head that names no feature layer ids (EAGLE-3's default depends on the target)")
 
 
 def run_export_head(args) -> int:
@@ -29,14 +32,12 @@ def run_export_head(args) -> int:
     from verispec.errors import ConfigError
 
     directory = resolve_head_dir(args.source)
-    if head_format(directory) != "native":
-        # published heads may name no layer ids: the default target fixes EAGLE-3's default then
+    target_config = None
+    if args.target:
         from verispec.models.default import load_model
 
-        target_config = load_model("default", torch.float32, "cpu")[0].config
-        head = load_any_head(directory, target_config)
-    else:
-        head = load_any_head(directory)
+        target_config = load_model(args.target, torch.float32, "cpu")[0].config
+    head = load_any_head(directory, target_config)
     dtype = {"keep": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.dtype == "keep":  # load_any_head returns float32: restore the stored floating dtype
         from safetensors import safe_open

@@ -88,6 +88,8 @@ def _print_head_check(report) -> None:
     console.print(table)
     console.print(f"best L = {report.best_L}, predicted speedup {report.predicted_speedup:.2f}x")
     for children, alphas in report.rrs_alpha_per_depth.items():
+        if children == "1":
+            continue  # the chain's alpha per depth above
         console.print(f"RRS acceptance per depth with {children} i.i.d. children: " + ", ".join(f"{a:.3f}" for a in alphas))
     if report.by_tree:
         trees = Table(title="token trees (children per level, RRS; assumes a head query row costs one step and the "

@@ -371,8 +371,8 @@ def _common_layer_fields(layer: dict, where: Path) -> dict:
 def _default_layer_ids(target_config, where: Path) -> tuple[int, ...]:
     if target_config is None:
         raise ConfigError(
-            f"{str(where)!r} names no feature layer ids; give the target (its layer count fixes EAGLE-3's "
-            "default: the inputs of layers 2, N//2, N-3)"
+            f"{str(where)!r} names no feature layer ids; give the target (target_config, or --target on the "
+            "command line): its layer count fixes EAGLE-3's default, the inputs of layers 2, N//2, N-3"
         )
     return default_aux_layer_ids(int(target_config.num_hidden_layers))
 
