@@ -56,7 +56,11 @@ def assert_same_head(a: Eagle3Head, b: Eagle3Head):
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 def test_export_then_load_round_trips_bit_exactly(tmp_path, fmt, norm_before_residual):
     head = tiny_head(norm_before_residual=norm_before_residual)
-    out = export_head(head, tmp_path / fmt, fmt, verifier_name_or_path="tiny/target", speculative_tokens=4)
+    if fmt == "eagle3" and norm_before_residual:
+        with pytest.warns(UserWarning, match="may ignore it"):
+            out = export_head(head, tmp_path / fmt, fmt, verifier_name_or_path="tiny/target", speculative_tokens=4)
+    else:
+        out = export_head(head, tmp_path / fmt, fmt, verifier_name_or_path="tiny/target", speculative_tokens=4)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert head_format(out) == fmt
     assert_same_head(head, load_any_head(out, target_config()))

@@ -12,7 +12,9 @@
     Layer ids: SGLang's ``set_eagle3_layers_to_capture`` captures ``[i + 1 for i in layer_ids]``,
     i.e. its ``eagle_config`` ids count *outputs* of decoder layers (SpecForge's default
     ``(1, N//2 - 1, N - 4)``); verispec's ``aux_layer_ids`` are HF ``hidden_states`` indices (layer
-    *inputs*, ``(2, N//2, N - 3)``), so the file holds ``aux_layer_ids - 1``.
+    *inputs*, ``(2, N//2, N - 3)``), so the file holds ``aux_layer_ids - 1``. SGLang's layer (as
+    read) normalises the hidden input after taking the residual: a ``norm_before_residual`` head is
+    exported with the flag recorded and a warning (SpecForge and some forks read it; vLLM does).
 
 ``format="speculators"`` -- vLLM's ``speculators`` format (vllm-project/speculators
     ``Eagle3SpeculatorConfig`` / ``Eagle3DraftModel``; read by vLLM's ``SpeculatorsConfig`` and
@@ -171,6 +173,11 @@ def export_head(head: Eagle3Head, out_dir: str | Path, format: str = "eagle3", v
     from safetensors.torch import save_file
 
     _check_format(format)
+    if format == "eagle3" and head.config.norm_before_residual:
+        # upstream SGLang's EAGLE-3 layer (as read) always keeps the un-normalised residual; SpecForge
+        # and some forks read the flag. vLLM's speculators path honours it.
+        warnings.warn("this head has norm_before_residual = true: the eagle3 config records it, but SGLang's "
+                      "LlamaForCausalLMEagle3 may ignore it; prefer --format speculators for vLLM", stacklevel=2)
     tensors = export_tensors(head, format, dtype)
     weight_dtype = tensors["fc.weight"].dtype
     config = export_config(head.config, format, verifier_name_or_path, speculative_tokens,
