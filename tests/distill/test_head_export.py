@@ -459,3 +459,9 @@ def test_cli_export_of_a_head_without_layer_ids_needs_the_target(tmp_path, capsy
                  "--target", str(target_dir)]) == 0
     assert load_any_head(out).config.aux_layer_ids == (2, 2, 2)  # EAGLE-3's default for 5 layers
     assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [2, 2, 2]
+
+
+def test_draft_temperature_refuses_a_head_clearly(tmp_path, capsys):
+    save_head(tiny_head(), tmp_path / "head")
+    assert main(["draft", "temperature", "--draft", str(tmp_path / "head")]) == 2
+    assert "does not sweep EAGLE-3 heads" in capsys.readouterr().err

@@ -255,8 +255,12 @@ def _print_check(report) -> None:
 
 
 def run_temperature(args) -> int:
+    from verispec.cli.head_check import is_head_draft
     from verispec.distill import check
 
+    if is_head_draft(args.draft):
+        raise ConfigError("`draft temperature` does not sweep EAGLE-3 heads yet; run `draft check --draft HEAD "
+                          "--draft-temperature T` for each temperature")
     measured = pair_measurements(args)
     if measured["problems"]:
         return _print_incompatible(args, measured)
