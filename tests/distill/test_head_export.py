@@ -465,3 +465,21 @@ def test_draft_temperature_refuses_a_head_clearly(tmp_path, capsys):
     save_head(tiny_head(), tmp_path / "head")
     assert main(["draft", "temperature", "--draft", str(tmp_path / "head")]) == 2
     assert "does not sweep EAGLE-3 heads" in capsys.readouterr().err
+
+
+def test_exported_configs_parse_as_transformers_llama_configs(tmp_path):
+    """SGLang reads the eagle3 config.json with transformers' AutoConfig (model_type llama); vLLM
+    builds a LlamaConfig from the speculators transformer_layer_config."""
+    from transformers import AutoConfig, LlamaConfig
+
+    head = tiny_head()
+    export_head(head, tmp_path / "e", "eagle3")
+    config = AutoConfig.from_pretrained(tmp_path / "e")
+    assert isinstance(config, LlamaConfig) and config.architectures == ["LlamaForCausalLMEagle3"]
+    assert config.draft_vocab_size == D and config.vocab_size == V and config.head_dim == 4
+    assert config.eagle_config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config.num_key_value_heads == 2 and config.target_hidden_size == HT
+
+    export_head(head, tmp_path / "s", "speculators")
+    layer = LlamaConfig(**json.loads((tmp_path / "s" / "config.json").read_text())["transformer_layer_config"])
+    assert layer.hidden_size == H and layer.vocab_size == V and layer.num_hidden_layers == 1
