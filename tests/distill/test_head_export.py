@@ -483,3 +483,16 @@ def test_exported_configs_parse_as_transformers_llama_configs(tmp_path):
     export_head(head, tmp_path / "s", "speculators")
     layer = LlamaConfig(**json.loads((tmp_path / "s" / "config.json").read_text())["transformer_layer_config"])
     assert layer.hidden_size == H and layer.vocab_size == V and layer.num_hidden_layers == 1
+
+
+def test_load_head_for_target_resolves_checks_and_matches_the_target(tmp_path, monkeypatch):
+    target, head, _ = _tiny_pair(tmp_path)
+    export_head(head, tmp_path / "run" / "final", "speculators")
+    loaded = head_export.load_head_for_target(tmp_path / "run", target.to(torch.float64))
+    assert next(loaded.parameters()).dtype == torch.float64
+    assert_same_head(head.double(), loaded)
+    monkeypatch.setattr(head_export, "SHIPPED_HEAD_DIR", tmp_path / "run" / "final")
+    assert_same_head(head.double(), head_export.load_head_for_target("head", target))
+    other = tiny_llama(2, vocab_size=14, layers=5)
+    with pytest.raises(ConfigError, match="head vocabulary 12 != target vocabulary 14"):
+        head_export.load_head_for_target(tmp_path / "run", other)

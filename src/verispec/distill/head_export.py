@@ -277,6 +277,16 @@ def load_any_head(directory: str | Path, target_config=None, dtype: torch.dtype 
     return head.to(device=device, dtype=dtype).eval()
 
 
+def load_head_for_target(source: str | Path, target, dtype: torch.dtype | None = None,
+                         device: str | torch.device | None = None) -> Eagle3Head:
+    """The head named by ``source`` ('head', a head directory in any format, or a training run)
+    for the transformers model ``target``: checked against its config and input embedding, in the
+    target's dtype and device unless given (what ``draft="head"`` / ``--draft DIR`` need)."""
+    weight = target.get_input_embeddings().weight
+    return load_any_head(resolve_head_dir(source), target.config, dtype=dtype or weight.dtype,
+                         device=device or weight.device, target_embedding=weight)
+
+
 def check_head_matches_target(config: HeadConfig, target_config) -> None:
     """ConfigError when the head cannot read this target's features or share its vocabulary."""
     vocab = int(target_config.vocab_size)
