@@ -202,9 +202,9 @@ def test_published_full_vocabulary_eagle3_checkpoint_computes_the_same_forward(t
 def test_published_speculators_checkpoint_with_unordered_d2t_gives_the_same_distribution(tmp_path):
     reference = tiny_head()
     permutation = torch.randperm(D, generator=torch.Generator().manual_seed(3))
-    tensors = export_head_tensors = head_export.export_tensors(reference, "speculators")
+    tensors = head_export.export_tensors(reference, "speculators")
     ids = DRAFT_IDS[permutation]  # a checkpoint listing its draft tokens in another order
-    tensors["lm_head.weight"] = export_head_tensors["lm_head.weight"][permutation].clone()
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][permutation].clone()
     tensors["d2t"] = ids - torch.arange(D)
     tensors["embed_tokens.weight"] = torch.zeros(V, H)
     tensors["verifier_norm.weight"] = torch.ones(H)
