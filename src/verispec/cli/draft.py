@@ -27,6 +27,7 @@ def add_draft_parser(sub) -> None:
     _add_pair_flags(check)
     check.add_argument("--draft-temperature", type=float, default=None, help="draft's own temperature (default: same)")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--depths", type=int, default=4, help="EAGLE-3 head drafts: acceptance measured at depths 1..N")
     temperature = draft_sub.add_parser("temperature", help="alpha for each draft temperature at a fixed target temperature")
     _add_pair_flags(temperature)
     temperature.add_argument("--grid", type=_float_list, default=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5],
@@ -36,7 +37,8 @@ def add_draft_parser(sub) -> None:
 
 def _add_pair_flags(parser) -> None:
     parser.add_argument("--target", default="default", help="target model directory, 'default' (SmolLM2-135M-Instruct) or 'gemma3-270m' (optional extra)")
-    parser.add_argument("--draft", default=NGRAM, help="draft model directory, 'ngram', or 'default-draft' (the shipped one)")
+    parser.add_argument("--draft", default=NGRAM, help="draft model directory, 'ngram', 'default-draft' (the shipped one), 'head' (the shipped EAGLE-3 head) "
+                        "or an EAGLE-3 head directory (verispec, eagle3 or speculators format; check only)")
     parser.add_argument("--prompts", default=None, help="prompt file (Spec-Bench JSONL, or one prompt a line); "
                         "default: held-out HumanEval 0-39 and Spec-Bench question_id %% 5 == 0 prompts")
     parser.add_argument("--sequences", default=None, help="directory of recorded target continuations (distill eval shards) to reuse")
@@ -194,9 +196,12 @@ def _print_incompatible(args, measured) -> int:
 
 
 def run_check(args) -> int:
+    from verispec.cli.head_check import is_head_draft, run_head_check
     from verispec.core.sampling import SamplingParams
     from verispec.distill import check
 
+    if is_head_draft(args.draft):  # 'head' or an EAGLE-3 head directory (any format)
+        return run_head_check(args)
     measured = pair_measurements(args)
     if measured["problems"]:
         return _print_incompatible(args, measured)
@@ -250,8 +255,12 @@ def _print_check(report) -> None:
 
 
 def run_temperature(args) -> int:
+    from verispec.cli.head_check import is_head_draft
     from verispec.distill import check
 
+    if is_head_draft(args.draft):
+        raise ConfigError("`draft temperature` does not sweep EAGLE-3 heads yet; run `draft check --draft HEAD "
+                          "--draft-temperature T` for each temperature")
     measured = pair_measurements(args)
     if measured["problems"]:
         return _print_incompatible(args, measured)
