@@ -64,9 +64,9 @@ def below_mass(target: np.ndarray, draft: np.ndarray, token: int) -> float:
 
 
 def sorted_local_order(ratios: np.ndarray) -> np.ndarray:
-    """``local_order(ratios, np.arange(n))`` for ratios >= 0 (no NaN), shape (n,), in one int64
-    value sort instead of an index sort (§7.1; an AVX2 value sort of 50k keys takes ~0.5 ms on
-    this project's CPU, ``np.argsort`` ~1.35 ms and ``np.lexsort`` ~4.9 ms).
+    """``local_order(ratios, np.arange(n))`` for ratios >= 0 (no NaN, no -0.0), shape (n,), in one
+    int64 value sort instead of an index sort (§7.1; at n = 50k on this project's AVX2 CPU the value
+    sort takes ~0.5 ms, ``np.argsort`` ~1.35 ms and ``np.lexsort`` ~4.9 ms).
 
     Key of position i: the float64 bits of ratios[i] (a non-negative float orders like its int64
     view) with the low b = bit_length(n - 1) bits replaced by i. Sorting the keys orders by
@@ -75,14 +75,14 @@ def sorted_local_order(ratios: np.ndarray) -> np.ndarray:
     bits (relative gap < 2^(b-52)) may come out of order: the ranked ratios are checked for being
     non-decreasing, which certifies the full (ratio, position) order, and otherwise one stable
     sort by the full ratio repairs the (then nearly sorted) order without disturbing ties."""
-    ratios = np.asarray(ratios, dtype=np.float64)
+    ratios = np.ascontiguousarray(ratios, dtype=np.float64)
     count = len(ratios)
     index_bits = max(count - 1, 0).bit_length()
-    keys = np.ascontiguousarray(ratios).view(np.int64) >> index_bits
-    keys <<= index_bits
+    id_mask = (1 << index_bits) - 1
+    keys = ratios.view(np.int64) & ~id_mask
     keys |= np.arange(count, dtype=np.int64)
     keys.sort()
-    order = keys & ((1 << index_bits) - 1)
+    order = keys & id_mask
     ranked = ratios[order]
     if not np.all(ranked[1:] >= ranked[:-1]):  # near ties truncated into one key: repair
         order = order[np.argsort(ranked, kind="stable")]
@@ -100,18 +100,20 @@ def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
     """
     vocab = len(draft)
     below = np.empty(vocab)
+    if vocab and target.min() > 0.0 and draft.min() > 0.0:  # untruncated rows: no masks, no gathers
+        ranked = sorted_local_order(target / draft)
+        ranked_mass = draft[ranked]
+        below[ranked] = np.cumsum(ranked_mass) - ranked_mass
+        return below
     zero_ratio = (target == 0) & (draft > 0)
     bottom = 0.0
-    if zero_ratio.any():  # dense (untruncated) distributions have none: skip the pass
+    if zero_ratio.any():  # rows truncated only in q have none: skip the pass
         zero_mass = np.where(zero_ratio, draft, 0.0)
         cumulative = np.cumsum(zero_mass)
         below[zero_ratio] = (cumulative - zero_mass)[zero_ratio]
         bottom = float(cumulative[-1])
     middle = np.flatnonzero((target > 0) & (draft > 0))
-    if len(middle) == vocab:  # untruncated rows: every token is in the middle, skip the gathers
-        ranked = sorted_local_order(target / draft)
-    else:
-        ranked = middle[sorted_local_order(target[middle] / draft[middle])]
+    ranked = middle[sorted_local_order(target[middle] / draft[middle])]
     ranked_mass = draft[ranked]
     below[ranked] = bottom + np.cumsum(ranked_mass) - ranked_mass
     below[draft <= 0] = bottom + float(ranked_mass.sum())
