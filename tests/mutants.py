@@ -87,6 +87,13 @@ MUTANTS = [
         (GREEDY_TESTS, FAST_BELOW_TESTS),
     ),
     Mutant(
+        "fast_path_dense_inclusive",
+        "below_mass_all's untruncated-row path counts each token's own q in its below-mass",
+        ((GREEDY, "        below[ranked] = np.cumsum(ranked_mass) - ranked_mass\n        return below",
+          "        below[ranked] = np.cumsum(ranked_mass)\n        return below"),),
+        (GREEDY_TESTS, FAST_BELOW_TESTS),
+    ),
+    Mutant(
         "qtilde_self_normalised",
         "q̃ rows normalised by their own sum and C(z) missing from the rows (vacuous Σ q̃ = 1)",
         ((GREEDY, "lower = self.below[position] + self.mass[position] * below_mass_all(target, draft)",
