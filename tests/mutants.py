@@ -33,6 +33,7 @@ PACKAGE = "src/verispec"
 GREEDY = "verify/greedy_selection.py"
 BLOCK = "tests/verify/test_block_rules.py"
 GREEDY_TESTS = "tests/verify/test_greedy_selection.py"
+FAST_BELOW_TESTS = "tests/verify/test_below_mass_fast.py"
 BRANCHING = "tests/verify/test_branching_roots.py"
 EDGES = "tests/verify/test_edge_cases.py"
 TREE_TESTS = "tests/core/test_tree.py"
@@ -63,9 +64,34 @@ MUTANTS = [
     ),
     Mutant(
         "tie_law_fast_path",
-        "below_mass_all skips the tie handling of its fast sort (unstable argsort on exact ties)",
-        ((GREEDY, "if np.any(ranked_ratios[1:] == ranked_ratios[:-1]):", "if False:"),),
-        (GREEDY_TESTS,),
+        "below_mass_all's packed sort key breaks exact ties by the HIGHER id ranking lower",
+        ((GREEDY, "keys |= np.arange(count, dtype=np.int64)", "keys |= np.arange(count, dtype=np.int64)[::-1]"),),
+        (GREEDY_TESTS, FAST_BELOW_TESTS),
+    ),
+    Mutant(
+        "fast_path_no_repair",
+        "below_mass_all trusts its packed (truncated ratio, id) keys: near ties left out of order",
+        ((GREEDY, "if not np.all(ranked[1:] >= ranked[:-1]):", "if False:"),),
+        (GREEDY_TESTS, FAST_BELOW_TESTS),
+    ),
+    Mutant(
+        "fast_path_unstable_repair",
+        "below_mass_all repairs near ties with an unstable sort (exact ties lose their id order)",
+        ((GREEDY, 'order = order[np.argsort(ranked, kind="stable")]', "order = order[np.argsort(ranked)]"),),
+        (GREEDY_TESTS, FAST_BELOW_TESTS),
+    ),
+    Mutant(
+        "fast_path_key_bits",
+        "below_mass_all packs the id into one bit too few (ids collide with ratio bits)",
+        ((GREEDY, "index_bits = max(count - 1, 0).bit_length()", "index_bits = max(count - 1, 0).bit_length() - 1"),),
+        (GREEDY_TESTS, FAST_BELOW_TESTS),
+    ),
+    Mutant(
+        "fast_path_dense_inclusive",
+        "below_mass_all's untruncated-row path counts each token's own q in its below-mass",
+        ((GREEDY, "        below[ranked] = np.cumsum(ranked_mass) - ranked_mass\n        return below",
+          "        below[ranked] = np.cumsum(ranked_mass)\n        return below"),),
+        (GREEDY_TESTS, FAST_BELOW_TESTS),
     ),
     Mutant(
         "qtilde_self_normalised",

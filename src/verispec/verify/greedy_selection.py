@@ -63,33 +63,57 @@ def below_mass(target: np.ndarray, draft: np.ndarray, token: int) -> float:
     return float(draft @ ranked_below(ratios, token))
 
 
+def sorted_local_order(ratios: np.ndarray) -> np.ndarray:
+    """``local_order(ratios, np.arange(n))`` for ratios >= 0 (no NaN, no -0.0), shape (n,), in one
+    int64 value sort instead of an index sort (§7.1; at n = 50k on this project's AVX2 CPU the value
+    sort takes ~0.5 ms, ``np.argsort`` ~1.35 ms and ``np.lexsort`` ~4.9 ms).
+
+    Key of position i: the float64 bits of ratios[i] (a non-negative float orders like its int64
+    view) with the low b = bit_length(n - 1) bits replaced by i. Sorting the keys orders by
+    (truncated ratio, position); equal ratios have equal truncated ratios, so exact ties already
+    come out in position (= token id) order. Distinct ratios that agree in all but their low b
+    bits (relative gap < 2^(b-52)) may come out of order: the ranked ratios are checked for being
+    non-decreasing, which certifies the full (ratio, position) order, and otherwise one stable
+    sort by the full ratio repairs the (then nearly sorted) order without disturbing ties."""
+    ratios = np.ascontiguousarray(ratios, dtype=np.float64)
+    count = len(ratios)
+    index_bits = max(count - 1, 0).bit_length()
+    id_mask = (1 << index_bits) - 1
+    keys = ratios.view(np.int64) & ~id_mask
+    keys |= np.arange(count, dtype=np.int64)
+    keys.sort()
+    order = keys & id_mask
+    ranked = ratios[order]
+    if not np.all(ranked[1:] >= ranked[:-1]):  # near ties truncated into one key: repair
+        order = order[np.argsort(ranked, kind="stable")]
+    return order
+
+
 def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
-    """``below_mass`` for every token at once, shape (V,).
+    """``below_mass`` for every token at once, shape (V,) (C(z, x) of §7.2 before scaling).
 
     Only tokens with 0 < r < inf need a sort: tokens with p = 0 (r = 0) sit at the bottom in id
     order (a cumulative sum, the same order as ``local_order``), and tokens with q = 0 carry no
     draft mass, so their own value is never used with a positive weight. This keeps the cost low
-    after top-k / top-p truncation.
+    after top-k / top-p truncation. The sort is ``sorted_local_order`` (exactly the local order,
+    so the cumulative sums are the same floats as with ``local_order``).
     """
     vocab = len(draft)
     below = np.empty(vocab)
+    if vocab and target.min() > 0.0 and draft.min() > 0.0:  # untruncated rows: no masks, no gathers
+        ranked = sorted_local_order(target / draft)
+        ranked_mass = draft[ranked]
+        below[ranked] = np.cumsum(ranked_mass) - ranked_mass
+        return below
     zero_ratio = (target == 0) & (draft > 0)
     bottom = 0.0
-    if zero_ratio.any():  # dense (untruncated) distributions have none: skip the pass
+    if zero_ratio.any():  # rows truncated only in q have none: skip the pass
         zero_mass = np.where(zero_ratio, draft, 0.0)
         cumulative = np.cumsum(zero_mass)
         below[zero_ratio] = (cumulative - zero_mass)[zero_ratio]
         bottom = float(cumulative[-1])
     middle = np.flatnonzero((target > 0) & (draft > 0))
-    if len(middle) == vocab:  # untruncated rows: every token is in the middle, skip the gathers
-        middle, ratios = np.arange(vocab), target / draft
-    else:
-        ratios = target[middle] / draft[middle]
-    order = np.argsort(ratios)
-    ranked_ratios = ratios[order]
-    if np.any(ranked_ratios[1:] == ranked_ratios[:-1]):  # exact ties: the full key (ratio, id)
-        order = local_order(ratios, middle)
-    ranked = middle[order]
+    ranked = middle[sorted_local_order(target[middle] / draft[middle])]
     ranked_mass = draft[ranked]
     below[ranked] = bottom + np.cumsum(ranked_mass) - ranked_mass
     below[draft <= 0] = bottom + float(ranked_mass.sum())
