@@ -462,6 +462,13 @@ class SpeculativeDecoder(TextDecoding):
         prompt_ids = self._encode(prompt)
         rng = SeededRng(self.seed) if rng is None else rng
         start = time.perf_counter()
+        # features (a draft head's input) only while this decoder's drafter reads them: the target
+        # adapter may be shared with other decoders
+        feature_layers = getattr(self.drafter, "feature_layers", None)
+        if feature_layers is not None:
+            self.target.enable_features(feature_layers)
+        elif getattr(self.target, "feature_layers", None) is not None:
+            self.target.disable_features()
         self.target.reset(prompt_ids)
         if self.drafter is not None:
             self.drafter.reset(prompt_ids)

@@ -125,7 +125,8 @@ class HeadDrafter:
         self.params = params
         self.vocab_size = int(head.config.vocab_size)
         self.calls = 0  # head calls (one per begin_round, one per deeper tree level)
-        target.enable_features(head.config.aux_layer_ids)
+        self.feature_layers = tuple(head.config.aux_layer_ids)  # the decoder turns the target's capture on
+        target.enable_features(self.feature_layers)  # validates them against the target now
         self.embed_tokens = target.model.get_input_embeddings()
         self._param = next(head.parameters())
         config = head.config

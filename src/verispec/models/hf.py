@@ -311,6 +311,13 @@ class HFModelAdapter:
         self.feature_layers = ids
         self._features, self._feature_len = None, 0
 
+    def disable_features(self) -> None:
+        """Stop capturing features (the forwards cost what they cost without a head again)."""
+        if hasattr(self.runner, "feature_layers"):
+            self.runner.feature_layers = None
+        self.feature_layers = None
+        self._features, self._feature_len = None, 0
+
     @property
     def feature_size(self) -> int:
         """Width F of one feature row (0 when features are off)."""
