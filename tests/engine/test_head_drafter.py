@@ -307,3 +307,16 @@ def test_a_shared_target_captures_features_only_for_the_head_decoder():
     assert adapter.runner.feature_layers is None  # the plain decoder turned the capture off
     assert with_head.generate(prompt).token_ids == first
     assert adapter.runner.feature_layers == head.config.aux_layer_ids
+
+
+def test_head_sources_are_recognised(tmp_path):
+    from verispec.engine.head_drafter import is_head_source
+
+    target, head = pair()
+    save_head(head, tmp_path / "native")
+    (tmp_path / "eagle3").mkdir()
+    (tmp_path / "eagle3" / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 7}')
+    target.save_pretrained(tmp_path / "model")
+    assert is_head_source("head") and is_head_source(head)
+    assert is_head_source(str(tmp_path / "native")) and is_head_source(tmp_path / "eagle3")
+    assert not any(is_head_source(d) for d in ("ngram", "tree", None, str(tmp_path / "model"), str(tmp_path / "absent")))

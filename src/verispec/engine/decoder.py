@@ -408,7 +408,7 @@ class SpeculativeDecoder(TextDecoding):
         if hasattr(draft, "begin_round"):
             return draft
         if is_head_source(draft):  # "head", a head directory or an Eagle3Head: reads the target's features
-            head = load_head_source(draft, self.target.dtype, self.target.device)
+            head = load_head_source(draft, self.target)
             return HeadDrafter(head, self.target, self.draft_params)
         return ModelDrafter(_as_adapter(draft, device, self.backend), self.draft_params)
 

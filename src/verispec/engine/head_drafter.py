@@ -59,14 +59,17 @@ def is_head_source(draft) -> bool:
     config = Path(draft) / "config.json"
     if config.is_file():
         text = config.read_text()
-        return "Eagle3" in text or "eagle3" in text  # LlamaForCausalLMEagle3 / speculators_model_type
+        # LlamaForCausalLMEagle3 / speculators_model_type "eagle3" / EAGLE-3's draft_vocab_size
+        return "Eagle3" in text or "eagle3" in text or "draft_vocab_size" in text
     return False
 
 
-def load_head_source(draft, dtype: torch.dtype, device) -> object:
-    """The ``Eagle3Head`` named by ``draft`` (see ``is_head_source``), in ``dtype`` on ``device``."""
+def load_head_source(draft, target) -> object:
+    """The ``Eagle3Head`` named by ``draft`` (see ``is_head_source``) in the dtype and on the device of
+    ``target`` (an ``HFModelAdapter``)."""
     from verispec.models.eagle_head import Eagle3Head, is_head_dir, load_head
 
+    dtype, device = target.dtype, target.device
     if isinstance(draft, Eagle3Head):
         return draft.to(device=device, dtype=dtype).eval()
     directory = SHIPPED_HEAD_DIR if isinstance(draft, str) and draft == "head" else Path(draft)
@@ -85,7 +88,10 @@ def load_head_source(draft, dtype: torch.dtype, device) -> object:
             f"{str(directory)!r} is not a verispec head directory (no verispec_head.json) and this install has no "
             "EAGLE-3 / speculators loader (verispec.distill.head_export); convert it with 'verispec export-head'"
         ) from error
-    return load_any_head(directory).to(device=device, dtype=dtype).eval()
+    embedding = target.model.get_input_embeddings().weight
+    return load_any_head(
+        directory, target_config=target.model.config, dtype=dtype, device=device, target_embedding=embedding
+    ).eval()
 
 
 def check_head_fits(head, target) -> None:
