@@ -18,6 +18,13 @@ tiny head whose draft vocabulary leaves out one target token (q = 0 there exactl
   L = 2, their enumerated laws are off by 3.6e-2 (gbv-mod) and 5.4e-2 (★), sd in the same setting
   1.6e-8; the decoder refuses them with a head. (With top-2 rows at L = 2 no window ever modifies a
   row, and gbv-mod enumerates "exact", 8.7e-9: such a case cannot decide it.)
+
+Mutants tried by hand (each one-line edit, then ``pytest -k recompute`` / test_head_features.py),
+every one caught: a committed feature paired with its own token instead of the next one
+(``_tokens[start:last + 1]``); stale speculative entries kept as committed after ``commit``;
+siblings of a tree level attending to each other (mask over every new entry); speculative RoPE
+positions one too far; in the adapter, feature rows moved from the wrong index on commit
+(``index - 1``; caught by tests/models/test_head_features.py).
 """
 
 from functools import cache
