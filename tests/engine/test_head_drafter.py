@@ -327,3 +327,25 @@ def test_head_sources_are_recognised(tmp_path):
     assert is_head_source("head") and is_head_source(head)
     assert is_head_source(str(tmp_path / "native")) and is_head_source(tmp_path / "eagle3")
     assert not any(is_head_source(d) for d in ("ngram", "tree", None, str(tmp_path / "model"), str(tmp_path / "absent")))
+
+
+def test_bench_sweep_with_a_head_directory(tmp_path):
+    """The benchmark harness takes a head directory as its draft (as ``verispec bench --draft DIR``);
+    greedy rows of every rule equal plain decoding's."""
+    import json
+
+    from tests.bench.conftest import VOCAB as BENCH_VOCAB, CharTokenizer
+    from verispec.bench.config import make_config
+    from verispec.bench.runner import run_sweep
+
+    target = tiny_llama(0, vocab_size=BENCH_VOCAB, layers=LAYERS, logit_scale=2.0)
+    save_head(tiny_head(target, list(range(0, BENCH_VOCAB, 2))), tmp_path / "head")
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Write a poem."]}) + "\n")
+    config = make_config(None, dict(
+        methods="sd,spectr", dataset=[str(dataset)], K="1,2", L="2", temperatures="0", max_new_tokens=8,
+        seeds="0", out=str(tmp_path / "out"), progress=False, warmup=False,
+    ))
+    result = run_sweep(config, target, CharTokenizer(), str(tmp_path / "head"))
+    assert {(r.method, r.K) for r in result.records} == {("ar", 0), ("sd", 1), ("spectr", 1), ("spectr", 2)}
+    assert len({r.text for r in result.records}) == 1
