@@ -30,6 +30,11 @@ The model forward itself is delegated to a *runner* (``backend``):
   (``query position - key position < window``, transformers' convention). A tree node thus sees
   exactly the last ``window`` positions of its own root path, at any context length.
 * ``"auto"`` (default): native when the model qualifies, else transformers.
+
+Features (EAGLE-3 draft heads, ``engine.head_drafter``): after ``enable_features(layer_ids)`` both
+runners also return, from the same forward, the hidden states at HF ``hidden_states`` indices
+``layer_ids`` of every input, and the adapter keeps one feature row per cache entry, appended,
+truncated and moved with the KV entries (``committed_features``, ``node_features``). Off by default.
 """
 
 from __future__ import annotations
