@@ -1,75 +1,92 @@
-"""Cost of one EAGLE-3 head draft step relative to one target decode step, per draft-vocabulary size
-(issue 13: a head step must stay <= ~10% of a target forward).
+"""Cost of one EAGLE-3 head draft step against one target forward, side by side in one process.
 
-    .venv/bin/python benchmarks/head_step_cost.py --draft-vocab 8192,16384,32768 --repeats 3
+    OMP_NUM_THREADS=1 python benchmarks/head_step_cost.py [--dtype auto] [--context 200] [--repeats 30] [--draft-vocab 8192]
 
-The heads are randomly initialised at the default target's width (HeadConfig.for_target): a step's
-cost does not depend on the weights' values, only on the shapes. Each repeat times, for every
-vocabulary size in turn, ``--steps`` target steps and head steps in alternation (A B A B, same
-context, ``distill.check.measure_cost_ratio``): the target step is a KV-cached one-token decode
-(transformers forward + probabilities over V), the head step the embedding lookup + one midlayer
-pass over one entry against the cached context + LM head + q over V (``distill.head_check``).
-Printed: the median over repeats of the per-repeat ratio of medians, and its min / max.
+Target: the default SmolLM2-135M through ``HFModelAdapter`` (native runner) with feature capture on,
+as the decoder runs it with a head. Head: a random head of the EAGLE-3 shape
+(``HeadConfig.for_target``, D = --draft-vocab) in the target's dtype, driven through ``HeadDrafter``.
+After a prompt of --context tokens, each repeat times, interleaved (A B C A B C ...):
+    head step    one deeper tree level of one entry (``batch_probs`` of a depth-1 prefix: midlayer,
+                 norm, lm_head over D, scatter to V, softmax to a q row), i.e. one chain draft step
+    target L=4   the verification forward of a 5-node chain (root + 4 drafted tokens)
+    target 1     a one-token forward (plain decoding's step)
+Prints per-configuration medians and the per-repeat ratio head / target (median, 10-90 % range).
+Speed ratios only mean something measured in one process at one thread: compare rows, not runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
+import numpy as np
 import torch
 
+from verispec.cli.generate import resolve_dtype
 from verispec.core.sampling import SamplingParams
-from verispec.distill.check import context_for_timing, decode_step_timer, measure_cost_ratio
-from verispec.distill.data import encode_truncated, split_prompts
-from verispec.distill.head_check import head_step_timer
-from verispec.models.default import load_model
+from verispec.engine.head_drafter import HeadDrafter
+from verispec.models.default import load_default_target
 from verispec.models.eagle_head import Eagle3Head, HeadConfig
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+from verispec.models.hf import HFModelAdapter
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draft-vocab", default="8192,16384,32768", help="draft vocabulary sizes (comma-separated)")
-    parser.add_argument("--context", type=int, default=200, help="tokens of context (a held-out prompt, repeated)")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per repeat and size")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-
     torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype]
-    target, tokenizer = load_model("default", dtype, "cpu")
-    prompt = split_prompts("heldout")[0]
-    context = context_for_timing([(encode_truncated(tokenizer, prompt.text, args.context), 0)], args.context)
-    params = SamplingParams(args.temperature)
-    sizes = [int(x) for x in args.draft_vocab.split(",") if x.strip()]
-    heads = {}
-    for size in sizes:
-        torch.manual_seed(0)
-        head = Eagle3Head(HeadConfig.for_target(target.config, draft_vocab_size=size), torch.arange(size))
-        for p in head.parameters():
-            torch.nn.init.normal_(p, std=0.02)
-        heads[size] = head.to(dtype).eval()
-    results: dict[int, list[dict]] = {size: [] for size in sizes}
+    dtype = resolve_dtype(args.dtype)
+    model, _ = load_default_target(dtype)
+    torch.manual_seed(0)
+    config = HeadConfig.for_target(model.config, args.draft_vocab)
+    head = Eagle3Head(config, torch.arange(args.draft_vocab))
     with torch.no_grad():
-        for _ in range(args.repeats):
-            for size in sizes:
-                target_step = decode_step_timer(target, params, context)
-                results[size].append(measure_cost_ratio(target_step, head_step_timer(target, heads[size], params, context),
-                                                        args.steps))
-    print(f"head step / target decode step, {args.dtype}, {args.threads} thread(s), context {len(context)}, "
-          f"{args.steps} interleaved steps x {args.repeats} repeats")
-    print(f"{'draft vocab':>11} {'c median':>9} {'c min':>7} {'c max':>7} {'head ms':>8} {'target ms':>10}")
-    for size in sizes:
-        ratios = [r["cost_ratio"] for r in results[size]]
-        head_ms = statistics.median(r["draft_ms_per_token"] for r in results[size])
-        target_ms = statistics.median(r["target_ms_per_token"] for r in results[size])
-        print(f"{size:>11} {statistics.median(ratios):>9.3f} {min(ratios):>7.3f} {max(ratios):>7.3f} "
-              f"{head_ms:>8.2f} {target_ms:>10.2f}")
+        for parameter in head.parameters():
+            torch.nn.init.normal_(parameter, std=0.02)
+    head = head.to(dtype).eval()
+    adapter = HFModelAdapter(model)
+    drafter = HeadDrafter(head, adapter, SamplingParams(0.6, 0, 1.0))
+    adapter.enable_features(drafter.feature_layers)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, config.vocab_size, args.context)]
+    adapter.reset(prompt)
+    drafter.reset(prompt)
+    drafter.begin_round()  # consumes the prompt's entries; every repeat then re-drafts below the same root
+    chain = [-1, *[int(t) for t in rng.integers(0, config.vocab_size, 4)]]
+
+    def head_step():
+        drafter.begin_round()((chain[1],))  # one head level (depth-1 prefix), q row included
+
+    def target_chain():
+        adapter.score(chain, [-1, 0, 1, 2, 3])
+
+    def target_one():
+        adapter.score([-1], [-1])
+
+    timed = {"head step": head_step, "target L=4": target_chain, "target 1": target_one}
+    for function in timed.values():  # warm-up: first-call allocations stay out
+        for _ in range(3):
+            function()
+    times = {name: [] for name in timed}
+    for _ in range(args.repeats):
+        for name, function in timed.items():
+            start = time.perf_counter()
+            function()
+            times[name].append((time.perf_counter() - start) * 1000)
+    print(f"SmolLM2-135M {dtype}, context {args.context}, head D = {args.draft_vocab}, "
+          f"{args.threads} thread(s), {args.repeats} interleaved repeats")
+    print(f"{'configuration':14s} {'median ms':>10s} {'p10':>8s} {'p90':>8s}")
+    for name, values in times.items():
+        print(f"{name:14s} {statistics.median(values):10.2f} {np.percentile(values, 10):8.2f} {np.percentile(values, 90):8.2f}")
+    for target in ("target L=4", "target 1"):
+        ratios = np.array(times["head step"]) / np.array(times[target])
+        print(f"head step / {target}: median {np.median(ratios):.3f} (p10 {np.percentile(ratios, 10):.3f}, "
+              f"p90 {np.percentile(ratios, 90):.3f})")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,9 @@ def _adapter(model, backend: str):
 
 
 def _is_neural(draft) -> bool:
-    return draft is not None and not isinstance(draft, str) and not hasattr(draft, "begin_round")
+    from verispec.engine.head_drafter import is_head_source  # a draft head is built by the decoder, on the target
+
+    return draft is not None and not isinstance(draft, str) and not hasattr(draft, "begin_round") and not is_head_source(draft)
 
 
 class Sweep:

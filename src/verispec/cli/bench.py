@@ -31,7 +31,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output folder (default bench_out)")
     parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default=None,
-                        help="draft model directory, 'tree' or 'ngram' (default: token trees for q-free methods, ngram otherwise)")
+                        help="draft model directory, 'head' (the shipped EAGLE-3 head) or a head directory, 'tree' or 'ngram' (default: token trees for q-free methods, ngram otherwise)")
     parser.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto (default): bf16 where the CPU has native bf16, else fp32")
     parser.add_argument("--device", default=None)
@@ -109,6 +109,10 @@ def load_models(config):
         return target_model, tokenizer, None
     if config.draft in ("default", "ngram", "tree"):
         return target_model, tokenizer, "ngram" if config.draft == "default" else config.draft
+    from verispec.engine.head_drafter import is_head_source
+
+    if is_head_source(config.draft):  # "head" or a head directory: the decoder loads it
+        return target_model, tokenizer, config.draft
     draft_model, _ = load_model(config.draft, resolve_dtype(config.dtype), config.device)
     return target_model, tokenizer, draft_model
 

@@ -33,7 +33,11 @@ def load_pair(target: str | None, draft: str | None, dtype: str, device: str, ne
         return target_model, tokenizer, None
     import verispec.models.default_draft  # noqa: F401  registers the sub-vocabulary draft architecture
 
+    from verispec.engine.head_drafter import is_head_source
+
     if draft in ("ngram", "tree"):
+        draft_model = draft
+    elif is_head_source(draft):  # "head" or a head directory: the decoder loads it in the target's dtype
         draft_model = draft
     elif draft is None:
         # the fastest measured training-free configuration: target-aware token trees (issue 12),
@@ -71,7 +75,7 @@ def _decoder(args, target_model, tokenizer, draft_model, method=None) -> Specula
 
 def _draft_name(decoder) -> str:
     drafter = decoder.drafter
-    return {"TokenTreeDrafter": "tree", "NGramDrafter": "ngram"}.get(type(drafter).__name__, "model")
+    return {"TokenTreeDrafter": "tree", "NGramDrafter": "ngram", "HeadDrafter": "head"}.get(type(drafter).__name__, "model")
 
 
 def decode_and_print(decoder, prompt_ids, stream: bool):

@@ -24,7 +24,8 @@ def _add_sampling_flags(parser: argparse.ArgumentParser, default_temperature: fl
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default=None,
-                        help="draft model directory, 'tree' (target-aware token trees, the default), 'ngram' "
+                        help="draft model directory, 'head' (the shipped EAGLE-3 draft head) or a head directory, "
+                             "'tree' (target-aware token trees, the default), 'ngram' "
                              "(stochastic n-gram / prompt lookup), or 'default' (the shipped trained draft if any, else ngram)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto (default): bf16 where the CPU has native bf16, else fp32")

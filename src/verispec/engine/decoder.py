@@ -22,6 +22,7 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
+from verispec.engine.head_drafter import CONTEXT_ONLY_Q_RULES, HeadDrafter, is_head_source, load_head_source
 from verispec.engine.streaming import TextStream, stop_cut
 from verispec.errors import ConfigError
 from verispec.verify.modification import advance_windows, modify_tree_targets
@@ -285,7 +286,8 @@ class SpeculativeDecoder(TextDecoding):
     """Speculative decoding of ``target`` with ``draft`` and a registered verification rule.
 
     target: a transformers causal LM or an ``HFModelAdapter``.
-    draft:  a transformers causal LM / adapter (neural draft), ``"tree"`` (training-free
+    draft:  a transformers causal LM / adapter (neural draft), ``"head"`` (the shipped EAGLE-3 draft
+            head), a head directory or an ``Eagle3Head`` (``HeadDrafter``), ``"tree"`` (training-free
             target-aware token trees, ``TokenTreeDrafter``), ``"ngram"`` (stochastic
             prompt-lookup draft), any ``Drafter``, or None: the token trees when the method is
             left to its default or is a q-free rule, else the n-gram draft.
@@ -343,6 +345,13 @@ class SpeculativeDecoder(TextDecoding):
             if tree is not None:
                 raise ConfigError("the token-tree draft sizes its trees itself; drop tree= / --tree")
             self.draft_len = self.drafter.max_depth
+        if isinstance(self.drafter, HeadDrafter) and self.spec.name in CONTEXT_ONLY_Q_RULES:
+            raise ConfigError(
+                f"method {self.spec.name!r} modifies the target assuming the draft's q of a prefix depends on the "
+                "tokens alone (ALGORITHMS.md §4.3, §6.3); a draft head's q changes once the prefix is committed "
+                "(target features replace its own), which makes it lossy (tests/engine/test_head_drafter.py); "
+                "use sd / bv (one path) or spectr / gmpbv / rrsw / traversal (several) with the head"
+            )
         if self.drafter is not None and self.drafter.vocab_size != self.target.vocab_size:
             raise ConfigError(
                 f"draft vocabulary has {self.drafter.vocab_size} tokens but the target has "
@@ -398,6 +407,9 @@ class SpeculativeDecoder(TextDecoding):
             return NGramDrafter(self.target.vocab_size, self.draft_params)
         if hasattr(draft, "begin_round"):
             return draft
+        if is_head_source(draft):  # "head", a head directory or an Eagle3Head: reads the target's features
+            head = load_head_source(draft, self.target)
+            return HeadDrafter(head, self.target, self.draft_params)
         return ModelDrafter(_as_adapter(draft, device, self.backend), self.draft_params)
 
     # ----- one round ----------------------------------------------------------------------
@@ -450,6 +462,13 @@ class SpeculativeDecoder(TextDecoding):
         prompt_ids = self._encode(prompt)
         rng = SeededRng(self.seed) if rng is None else rng
         start = time.perf_counter()
+        # features (a draft head's input) only while this decoder's drafter reads them: the target
+        # adapter may be shared with other decoders
+        feature_layers = getattr(self.drafter, "feature_layers", None)
+        if feature_layers is not None:
+            self.target.enable_features(feature_layers)
+        elif getattr(self.target, "feature_layers", None) is not None:
+            self.target.disable_features()
         self.target.reset(prompt_ids)
         if self.drafter is not None:
             self.drafter.reset(prompt_ids)

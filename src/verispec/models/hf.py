@@ -30,6 +30,11 @@ The model forward itself is delegated to a *runner* (``backend``):
   (``query position - key position < window``, transformers' convention). A tree node thus sees
   exactly the last ``window`` positions of its own root path, at any context length.
 * ``"auto"`` (default): native when the model qualifies, else transformers.
+
+Features (EAGLE-3 draft heads, ``engine.head_drafter``): after ``enable_features(layer_ids)`` both
+runners also return, from the same forward, the hidden states at HF ``hidden_states`` indices
+``layer_ids`` of every input, and the adapter keeps one feature row per cache entry, appended,
+truncated and moved with the KV entries (``committed_features``, ``node_features``). Off by default.
 """
 
 from __future__ import annotations
@@ -96,6 +101,9 @@ class TransformersRunner:
         self.layer_windows = self._layer_windows()
         self.positions = torch.empty(0, dtype=torch.long)  # position of each cache entry
         self.cache = self._new_cache()
+        # opt-in feature capture (EAGLE-3 heads), as NativeLlamaRunner
+        self.feature_layers: tuple[int, ...] | None = None
+        self.last_features: torch.Tensor | None = None
 
     def _layer_windows(self) -> dict[str, int | None]:
         """The model's attention layer types and their windows (None = full attention).
@@ -179,9 +187,12 @@ class TransformersRunner:
         """Append len(input_ids) cache entries; float32 CPU logits of the last ``keep`` inputs, (keep, V).
 
         allowed: bool (n, cache length + n) attention pattern, or None for plain causal attention.
+        With ``feature_layers`` set, ``last_features`` becomes the (n, len(feature_layers) * hidden)
+        HF ``hidden_states`` of every input at those indices, from the same forward.
         """
         new_positions = torch.tensor(positions, dtype=torch.long)
         mask = self._masks(new_positions, allowed)
+        capture = self.feature_layers
         out = self.model(
             input_ids=torch.tensor([input_ids], device=self.device),
             position_ids=new_positions[None].to(self.device),
@@ -189,7 +200,10 @@ class TransformersRunner:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=keep,
+            output_hidden_states=capture is not None,
         )
+        if capture is not None:
+            self.last_features = torch.cat([out.hidden_states[i][0] for i in capture], dim=-1)
         self.positions = torch.cat([self.positions, new_positions])
         return out.logits[0, -keep:].float().cpu()
 
@@ -252,6 +266,11 @@ class HFModelAdapter:
         self._node_depths: list[int] = []
         self._node_parents: list[int] = []
         self._node_ancestors: list[list[int]] = []  # root path of each node, itself included
+        # feature capture (``enable_features``): one row per cache entry, kept in step with the KV
+        # cache through ``_forward`` / ``_keep`` (same appends, truncations and moves)
+        self.feature_layers: tuple[int, ...] | None = None
+        self._features: torch.Tensor | None = None  # (capacity, F), rows [0, _feature_len) valid
+        self._feature_len = 0
 
     # ----------------------------------------------------------------- state
 
@@ -276,6 +295,86 @@ class HFModelAdapter:
                 "use a shorter prompt or fewer max_new_tokens / a shallower draft"
             )
 
+    # -------------------------------------------------------------- features
+
+    def enable_features(self, layer_ids: Sequence[int]) -> None:
+        """From now on every forward also keeps, for every cache entry, the target's hidden states at
+        HF ``hidden_states`` indices ``layer_ids`` (the inputs of those decoder layers, concatenated:
+        EAGLE-3 head features, ``models.eagle_head``), taken from the same forward. They are moved
+        and truncated exactly like the KV entries. Takes effect from the next ``reset``."""
+        ids = tuple(int(i) for i in layer_ids)
+        layers = int(self.model.config.get_text_config(decoder=True).num_hidden_layers)
+        bad = [i for i in ids if not 0 <= i < layers]
+        if not ids or bad:
+            raise ConfigError(
+                f"feature layer ids {list(ids)} must be HF hidden_states indices of layer inputs in [0, {layers - 1}] "
+                f"for this {layers}-layer target; the head was built for another target"
+            )
+        if not hasattr(self.runner, "feature_layers"):
+            raise ConfigError(f"the {type(self.runner).__name__} runner cannot return hidden states; use backend 'native' or 'transformers'")
+        self.runner.feature_layers = ids
+        self.feature_layers = ids
+        self._features, self._feature_len = None, 0
+
+    def disable_features(self) -> None:
+        """Stop capturing features (the forwards cost what they cost without a head again)."""
+        if hasattr(self.runner, "feature_layers"):
+            self.runner.feature_layers = None
+        self.feature_layers = None
+        self._features, self._feature_len = None, 0
+
+    @property
+    def feature_size(self) -> int:
+        """Width F of one feature row (0 when features are off)."""
+        if self.feature_layers is None:
+            return 0
+        return len(self.feature_layers) * int(self.model.config.get_text_config(decoder=True).hidden_size)
+
+    def committed_features(self, start: int, end: int) -> torch.Tensor:
+        """Features (end - start, F) of committed positions [start, end), model dtype and device (a view,
+        valid until the next forward or commit). Every position before the pending root has one once
+        the root's tree was scored and committed; tokens still in the pending tail have none yet."""
+        if self.feature_layers is None:
+            raise ConfigError("features are off: call enable_features(layer_ids) before reset")
+        if not 0 <= start <= end <= self._cached_len or self._feature_len < end:
+            raise ConfigError(
+                f"features of positions [{start}, {end}) are not computed (the target cache holds {self._cached_len} "
+                "committed entries); score the round before asking for its features"
+            )
+        return self._features[start:end]
+
+    def node_features(self) -> torch.Tensor:
+        """Features (num_nodes, F) of this round's tree nodes (row n = node n), from their scoring forward."""
+        if self.feature_layers is None:
+            raise ConfigError("features are off: call enable_features(layer_ids) before reset")
+        return self._features[self._cached_len : self._cached_len + self.num_nodes]
+
+    def _forward(self, input_ids: list[int], positions: list[int], allowed, keep: int) -> torch.Tensor:
+        """runner.forward plus the features of its inputs, appended like its KV entries."""
+        logits = self.runner.forward(input_ids, positions, allowed, keep)
+        if self.feature_layers is not None:
+            rows = self.runner.last_features
+            end = self._feature_len + rows.shape[0]
+            if self._features is None or self._features.shape[0] < end:
+                capacity = max(256, 2 * end)
+                grown = rows.new_zeros(capacity, rows.shape[1])
+                if self._features is not None:
+                    grown[: self._feature_len] = self._features[: self._feature_len]
+                self._features = grown
+            self._features[self._feature_len : end] = rows
+            self._feature_len = end
+        return logits
+
+    def _keep(self, length: int, moved: Sequence[int] = ()) -> None:
+        """runner.keep_entries, applied to the feature rows too."""
+        self.runner.keep_entries(length, moved)
+        if self.feature_layers is not None and self._features is not None:
+            if len(moved):
+                index = torch.tensor(list(moved), dtype=torch.long, device=self._features.device)
+                # index_select copies first, so overlapping source and destination are safe.
+                self._features[length : length + len(moved)] = self._features.index_select(0, index)
+            self._feature_len = length + len(moved)
+
     # ------------------------------------------------------------------- API
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -289,12 +388,13 @@ class HFModelAdapter:
                 "tokens (it must leave room for one generated token); truncate the prompt"
             )
         self.runner.reset()
+        self._feature_len = 0
         self._cached_len = 0
         self._tokens = prompt
         self._clear_tree()
         if len(prompt) > 1:
             # Pure causal prefill: transformers builds the mask (sdpa can then use its causal kernels).
-            self.runner.forward(prompt[:-1], list(range(len(prompt) - 1)), None, keep=1)
+            self._forward(prompt[:-1], list(range(len(prompt) - 1)), None, keep=1)
             self._cached_len = len(prompt) - 1
 
     def extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -344,7 +444,7 @@ class HFModelAdapter:
         allowed = tree_attention_mask(self._cached_len, len(tail), ancestors, first + len(tokens))
         if allowed.all():  # one input that sees the whole cache (a chain step): no mask needed
             allowed = None
-        logits = self.runner.forward(tail + tokens, positions, allowed, keep=len(tokens))
+        logits = self._forward(tail + tokens, positions, allowed, keep=len(tokens))
 
         self._cached_len += len(tail)
         self._node_tokens += tokens
@@ -371,7 +471,7 @@ class HFModelAdapter:
     def rollback(self) -> None:
         """Drop this round's speculative tree (root included); the committed state is unchanged."""
         if self.num_nodes:
-            self.runner.keep_entries(self._cached_len)
+            self._keep(self._cached_len)
             self._clear_tree()
 
     def _clear_tree(self) -> None:
@@ -403,7 +503,7 @@ class HFModelAdapter:
                 )
             parent = node
         root_index = self.committed_len
-        self.runner.keep_entries(root_index + 1, [root_index + n for n in path])
+        self._keep(root_index + 1, [root_index + n for n in path])
         self._tokens += [self._node_tokens[n] for n in path] + [int(next_token)]
         self._cached_len = self.committed_len
         self._clear_tree()
@@ -416,7 +516,7 @@ class HFModelAdapter:
         """
         tokens = [int(t) for t in tokens]
         if self.num_nodes:
-            self.runner.keep_entries(self.committed_len + 1)
+            self._keep(self.committed_len + 1)
             self._cached_len = self.committed_len + 1
             self._clear_tree()
         self._tokens += tokens + [int(next_token)]

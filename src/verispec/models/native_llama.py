@@ -146,6 +146,10 @@ class NativeLlamaRunner:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.length = 0
+        # opt-in feature capture (EAGLE-3 heads): HF hidden_states indices whose states (the
+        # inputs of those decoder layers) every forward also returns in ``last_features``
+        self.feature_layers: tuple[int, ...] | None = None
+        self.last_features: torch.Tensor | None = None
 
     def reset(self) -> None:
         self.length = 0
@@ -173,7 +177,8 @@ class NativeLlamaRunner:
 
         allowed: bool (n, length + n), True where input i may attend to cache entry j; None means
         plain causal attention over the whole cache (a prefill, or a single query token).
-        Returns (keep, V).
+        Returns (keep, V). With ``feature_layers`` set, ``last_features`` becomes the
+        (n, len(feature_layers) * hidden) states of every input (model dtype and device).
         """
         n = len(input_ids)
         start, end = self.length, self.length + n
@@ -191,7 +196,11 @@ class NativeLlamaRunner:
             causal = n > 1 and start == 0  # with earlier entries a causal mask would be misaligned
             if n > 1 and start > 0:
                 mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)[None, None]
-        for layer, linears, key_cache, value_cache in zip(self.layers, self.linears, self.keys, self.values):
+        capture = self.feature_layers
+        captured: dict[int, torch.Tensor] = {}
+        for index, (layer, linears, key_cache, value_cache) in enumerate(zip(self.layers, self.linears, self.keys, self.values)):
+            if capture is not None and index in capture:
+                captured[index] = hidden[0]  # the input of decoder layer ``index`` = HF hidden_states[index]
             q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj = linears
             x = _rms_norm(hidden, layer.input_layernorm)
             q = q_proj(x).view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
@@ -208,6 +217,8 @@ class NativeLlamaRunner:
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             hidden = hidden + down_proj(F.silu(gate_proj(x)) * up_proj(x))
         self.length = end
+        if capture is not None:
+            self.last_features = torch.cat([captured[i] for i in capture], dim=-1)
         hidden = _rms_norm(hidden[:, -keep:], body.norm)
         head = self.model.lm_head
         if self.head is None or head._forward_hooks or head._forward_pre_hooks:
