@@ -1,5 +1,5 @@
 """``verispec export-head head|RUN --format eagle3|speculators --out DIR``: write a head in the
-checkpoint format SGLang (eagle3) or vLLM (speculators) loads (``distill.head_export``)."""
+checkpoint format SGLang (eagle3) or vLLM (speculators) loads (``models.head_formats``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_export_head_parser(sub) -> None:
 def run_export_head(args) -> int:
     import torch
 
-    from verispec.distill.head_export import export_head, head_format, load_any_head, resolve_head_dir
+    from verispec.models.head_formats import export_head, head_format, load_any_head, resolve_head_dir
     from verispec.errors import ConfigError
 
     directory = resolve_head_dir(args.source)
@@ -42,7 +42,7 @@ def run_export_head(args) -> int:
     if args.dtype == "keep":  # load_any_head returns float32: restore the stored floating dtype
         from safetensors import safe_open
 
-        from verispec.distill.head_export import WEIGHTS_FILE
+        from verispec.models.head_formats import WEIGHTS_FILE
         from verispec.models.eagle_head import HEAD_WEIGHTS_FILE
 
         weights = directory / (HEAD_WEIGHTS_FILE if head_format(directory) == "native" else WEIGHTS_FILE)

@@ -16,7 +16,7 @@ def is_head_draft(name: str | None) -> bool:
         return False
     if name == "head":
         return True
-    from verispec.distill.head_export import resolve_head_dir
+    from verispec.models.head_formats import resolve_head_dir
 
     try:
         resolve_head_dir(name)
@@ -30,7 +30,7 @@ def run_head_check(args) -> int:
     from verispec.core.sampling import SamplingParams
     from verispec.distill import check, head_check
     from verispec.distill.data import load_shards
-    from verispec.distill.head_export import head_format, load_any_head, resolve_head_dir
+    from verispec.models.head_formats import head_format, load_any_head, resolve_head_dir
     from verispec.models.default import load_model
 
     _set_threads(args.threads)

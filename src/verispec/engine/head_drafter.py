@@ -47,7 +47,7 @@ CONTEXT_ONLY_Q_RULES = ("gbv-mod", "spectr-gbv-star")
 def is_head_source(draft) -> bool:
     """Whether ``draft`` names a head: "head", an ``Eagle3Head``, or a directory holding a verispec
     head (``verispec_head.json``) or an EAGLE-3 / speculators checkpoint (when the exporter's
-    loader ``distill.head_export.load_any_head`` is installed)."""
+    loader ``models.head_formats.load_any_head`` is installed)."""
     from verispec.models.eagle_head import Eagle3Head, is_head_dir
 
     if isinstance(draft, Eagle3Head) or (isinstance(draft, str) and draft == "head"):
@@ -82,11 +82,11 @@ def load_head_source(draft, target) -> object:
     if is_head_dir(directory):
         return load_head(directory, dtype=dtype, device=device)
     try:
-        from verispec.distill.head_export import load_any_head
+        from verispec.models.head_formats import load_any_head
     except ImportError as error:
         raise ConfigError(
             f"{str(directory)!r} is not a verispec head directory (no verispec_head.json) and this install has no "
-            "EAGLE-3 / speculators loader (verispec.distill.head_export); convert it with 'verispec export-head'"
+            "EAGLE-3 / speculators loader (verispec.models.head_formats); convert it with 'verispec export-head'"
         ) from error
     embedding = target.model.get_input_embeddings().weight
     return load_any_head(

@@ -1,7 +1,7 @@
 """EAGLE-3 draft heads: one decoder layer that reads the target's own hidden states (issue 13).
 
 Layout (EAGLE-3, Li et al. 2025; the checkpoint layout SGLang's ``LlamaForCausalLMEagle3`` and
-vLLM's ``speculators`` load, see ``distill.head_export``):
+vLLM's ``speculators`` load, see ``models.head_formats``):
 
     features   (n, 3 * H_t)  the target's hidden states at three depths: HF ``hidden_states[i]``
                              for i in ``aux_layer_ids`` (the inputs of decoder layers 2, N//2, N-3;
@@ -357,7 +357,7 @@ def is_head_dir(directory: str | Path) -> bool:
 
 def load_head(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Eagle3Head:
     """A head written by ``save_head`` (for EAGLE-3 / speculators checkpoints see
-    ``distill.head_export.load_any_head``)."""
+    ``models.head_formats.load_any_head``)."""
     from safetensors.torch import load_file
 
     directory = Path(directory)

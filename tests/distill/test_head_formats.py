@@ -12,8 +12,9 @@ from safetensors.torch import load_file, save_file
 from tests.distill.helpers import save_pair_member, tiny_llama, word_tokenizer
 from verispec.cli.main import main
 from verispec.core.sampling import SamplingParams
-from verispec.distill import head_check, head_export
-from verispec.distill.head_export import export_head, head_format, load_any_head, resolve_head_dir
+from verispec.distill import head_check
+from verispec.models import head_formats as head_export
+from verispec.models.head_formats import export_head, head_format, load_any_head, resolve_head_dir
 from verispec.errors import ConfigError
 from verispec.models.eagle_head import Eagle3Head, HeadConfig, save_head, target_features
 
