@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_draft_parser(sub)
     add_distill_parser(sub)
 
+    from verispec.cli.head import add_train_head_parser
+
+    add_train_head_parser(sub)
+
     from verispec.cli.serve import add_serve_parser
 
     add_serve_parser(sub, _add_model_flags, _int_list)
@@ -128,6 +132,10 @@ def main(argv=None) -> int:
             from verispec.cli.draft import run_distill
 
             return run_distill(args)
+        if args.command == "train-head":
+            from verispec.cli.head import run_train_head
+
+            return run_train_head(args)
         if args.command == "bench":
             from verispec.cli.bench import run_bench
 
