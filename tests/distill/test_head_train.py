@@ -20,6 +20,7 @@ from verispec.distill.head_data import (
 )
 from verispec.distill.head_train import (
     HeadTrainConfig,
+    accumulate_loss_backward,
     acceptance_rows,
     evaluate_head,
     head_loss,
@@ -171,6 +172,28 @@ def test_training_steps_lower_the_loss_on_a_fixed_batch(target, feature_dirs):
     assert last_steps[0] - entropy < 0.5 * (first_steps[0] - entropy)
     assert float(last.detach()) < float(first.detach())
     assert all(b < a for a, b in zip(first_steps, last_steps))  # every TTT depth improves
+
+
+def test_unpadded_accumulation_equals_the_padded_batch_gradient(target, feature_dirs):
+    root, _ = feature_dirs
+    records = load_feature_shards(feature_shard_paths(root / "train"))[:3]
+    embed = target.get_input_embeddings().weight.detach()
+    torch.manual_seed(0)
+    head = Eagle3Head(head_config(target), torch.arange(0, 64, 2)).double()
+    config = train_config(context=26)
+    table = target_to_draft_table(head.draft_to_target, V)
+    starts = [0, 3, 1]
+    batch = make_window_batch(records, starts, 26, embed.double(), "cpu")
+    assert not bool(batch["valid"].all())  # the padded batch really holds padding
+    loss, _ = head_loss(head, batch, table, config)
+    loss.backward()
+    expected = {n: p.grad.clone() for n, p in head.named_parameters()}
+    head.zero_grad()
+    total, _, entries = accumulate_loss_backward(head, list(zip(records, starts)), embed.double(), table, config)
+    assert entries == int(batch["valid"].sum())
+    assert abs(total - float(loss.detach())) < 1e-5  # the CE is taken in float32
+    for name, param in head.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=1e-4, atol=1e-7)
 
 
 def test_resume_reproduces_an_uninterrupted_run(target, feature_dirs, tmp_path):

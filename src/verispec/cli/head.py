@@ -108,9 +108,19 @@ def run_train_head(args) -> int:
     always = sorted(set(getattr(tokenizer, "all_special_ids", []) or [])) if tokenizer is not None else []
     recipe = {"records": [str(r) for r in args.records], "eval_records": [str(r) for r in args.eval_records],
               "text_files": list(args.text_files), "text_max_tokens": args.text_max_tokens, "top_k": args.top_k}
+    vocab_records = None
+    if args.records and not args.resume:
+        # rank the draft vocabulary on every continuation written so far (features may lag behind)
+        from verispec.distill.head_data import prompt_is_heldout, record_shard_inputs
+
+        vocab_records = []
+        for path in record_shard_inputs(args.records):
+            vocab_records += [r for r in torch.load(path, weights_only=False)["records"]
+                              if not prompt_is_heldout(r.get("prompt_id", ""))]
+        recipe["vocab_records"] = len(vocab_records)
     result = train_head(out, [train_dir], [eval_dir], embed_weight, head_config, config, always_ids=always,
                         resume=args.resume, before_rescan=None if args.no_build else build, recipe=recipe,
-                        progress=progress)
+                        vocab_records=vocab_records, progress=progress)
     summary = {"step": result.step, "minutes": round(result.seconds / 60, 2), "train_positions": result.train_positions,
                "best_alpha_depth2": result.best_alpha2,
                "heldout": None if result.last_eval is None else result.last_eval.__dict__}

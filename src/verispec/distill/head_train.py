@@ -9,7 +9,8 @@ softmax over D at the same temperature. Steps are weighted ``step_decay ** (k - 
 AdamW, linear warm-up then cosine decay to ``min_lr_ratio``, gradient clipping, seeded batches
 (the batch of step t depends only on the seed, t and the loaded shards: the data cursor is t).
 
-Held-out evaluation (ALGORITHMS.md's token acceptance): at ``eval_temperature`` (0.6),
+Held-out evaluation (ALGORITHMS.md §2: the SD acceptance probability sum_x min(p, q) = 1 - TV):
+at ``eval_temperature`` (0.6),
 alpha_k = mean over continuation entries of sum_x min(p(x), q_k(x)) with p the stored teacher row
 (exact where stored: p(x) = exp(logit_x / T - lse_eval)) and q_k the head's depth-k softmax at T
 mapped to target ids (q = 0 outside D); plus greedy top-1 agreement per depth and the teacher mass
@@ -138,7 +139,7 @@ def make_window_batch(records: list[dict], starts: list[int], context: int, embe
     width = max(lengths)
     batch = len(records)
     feat_dim = records[0]["features"].shape[-1]
-    features = torch.zeros(batch, width, feat_dim)
+    features = torch.zeros(batch, width, feat_dim, dtype=embed_weight.dtype)
     tokens = torch.zeros(batch, width, dtype=torch.long)
     valid = torch.zeros(batch, width, dtype=torch.bool)
     continuation = torch.zeros(batch, width, dtype=torch.bool)
@@ -147,7 +148,7 @@ def make_window_batch(records: list[dict], starts: list[int], context: int, embe
     topk_logits = torch.zeros(batch, width, k)
     lse_eval = torch.zeros(batch, width)
     for b, (r, s, n) in enumerate(zip(records, starts, lengths)):
-        features[b, :n] = r["features"][s : s + n].float()
+        features[b, :n] = r["features"][s : s + n].to(features.dtype)
         tokens[b, :n] = r["tokens"][s + 1 : s + n + 1].long()
         valid[b, :n] = True
         predicted = torch.arange(s, s + n) + 2
@@ -196,6 +197,42 @@ def head_loss(head: Eagle3Head, batch: dict, table: torch.Tensor, config: HeadTr
         weight_sum += weight
         per_step.append(float(mean.detach()))
     return total / weight_sum, per_step
+
+
+def accumulate_loss_backward(head: Eagle3Head, windows: list[tuple[dict, int]], embed_weight: torch.Tensor,
+                             table: torch.Tensor, config: HeadTrainConfig) -> tuple[float, list[float], int]:
+    """The gradient of ``head_loss`` over the padded batch of ``windows``, computed one window at a
+    time (no padding: records vary in length, so a padded batch wastes most of its entries) and
+    accumulated in the parameters' ``.grad``. Returns (loss, per-step mean CE, entries)."""
+    device = table.device
+    steps = config.ttt_steps
+    prepared, counts = [], [0] * steps
+    for record, start in windows:
+        batch = make_window_batch([record], [start], config.context, embed_weight, device)
+        draft_ids, probs, has_mass = teacher_in_draft(batch["topk_ids"][0], batch["topk_logits"][0], table,
+                                                      config.loss_temperature)
+        entry = torch.arange(has_mass.shape[0], device=device)
+        masks = [has_mass & (entry >= k - 1) for k in range(1, steps + 1)]
+        for k, mask in enumerate(masks):
+            counts[k] += int(mask.sum())
+        prepared.append((batch, draft_ids, probs, masks))
+    weights = [config.step_decay**k for k in range(steps)]
+    weight_sum = sum(weights)
+    total, per_step, entries = 0.0, [0.0] * steps, 0
+    for batch, draft_ids, probs, masks in prepared:
+        outputs = head.unrolled(batch["features"], batch["embeds"], steps)
+        loss = 0.0
+        for k, (logits, mask) in enumerate(zip(outputs, masks)):
+            if not counts[k]:
+                continue
+            ce = soft_cross_entropy(logits[0][mask], draft_ids[mask], probs[mask], config.loss_temperature).sum() / counts[k]
+            per_step[k] += float(ce.detach())
+            loss = loss + weights[k] / weight_sum * ce
+        if torch.is_tensor(loss):
+            loss.backward()
+            total += float(loss.detach())
+        entries += int(batch["valid"].sum())
+    return total, per_step, entries
 
 
 @torch.no_grad()
@@ -294,6 +331,7 @@ def train_head(
     resume: bool = False,
     before_rescan=None,
     recipe: dict | None = None,
+    vocab_records: list[dict] | None = None,
     progress: bool = True,
 ) -> HeadTrainResult:
     """Train a head on the feature shards of ``train_dirs``; evaluate on ``eval_dirs``.
@@ -301,7 +339,10 @@ def train_head(
     embed_weight (V, H): the target's input embedding (frozen). head_config's draft_vocab_size D
     sets the sub-vocabulary (the D tokens with the most teacher mass in the training data loaded at
     the start, plus ``always_ids``). before_rescan: called (no arguments) before each rescan, e.g.
-    to build features for new inputs. resume: continue from ``run_dir/checkpoint.pt`` exactly."""
+    to build features for new inputs. resume: continue from ``run_dir/checkpoint.pt`` exactly.
+    vocab_records: records (distill.data or feature records) to rank the sub-vocabulary on instead
+    of the training records loaded at the start (e.g. all target continuations written so far,
+    when their features are still being built)."""
     from tqdm import tqdm
 
     run_dir = Path(run_dir)
@@ -338,7 +379,7 @@ def train_head(
         head = Eagle3Head(head_config).to(device)
         head.load_state_dict(saved["head"])
     else:
-        vocab = sub_vocabulary(records, head_config.vocab_size, head_config.draft_vocab_size, always_ids)
+        vocab = sub_vocabulary(vocab_records or records, head_config.vocab_size, head_config.draft_vocab_size, always_ids)
         torch.manual_seed(config.seed)
         head = Eagle3Head(head_config, vocab).to(device)
     table = target_to_draft_table(head.draft_to_target, head_config.vocab_size)
@@ -408,19 +449,17 @@ def train_head(
                 weights = torch.cat([weights, torch.tensor([float(usable_entries(r)) for r in more])])
                 _append_history(run_dir, {"step": step, "rescan": len(new), "train_positions": train_positions()})
         chosen, starts = sample_windows(records, weights, config.batch_sequences, config.context, config.seed, step)
-        batch = make_window_batch(chosen, starts, config.context, embed_weight, device)
-        loss, per_step = head_loss(head, batch, table, config)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, per_step, entries = accumulate_loss_backward(head, list(zip(chosen, starts)), embed_weight, table, config)
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
         step += 1
-        positions_seen += int(batch["valid"].sum())
+        positions_seen += entries
         seconds = time.monotonic() - start_time
         bar.update(1)
         if step % config.log_every == 0 or step == end:
-            _append_history(run_dir, {"step": step, "seconds": round(seconds, 1), "loss": round(float(loss.detach()), 5),
+            _append_history(run_dir, {"step": step, "seconds": round(seconds, 1), "loss": round(loss, 5),
                                       "ce_per_step": [round(x, 4) for x in per_step], "grad_norm": round(float(grad_norm), 4),
                                       "lr": scheduler.get_last_lr()[0], "positions_seen": positions_seen})
         timed_out = bool(config.max_minutes) and seconds >= 60 * config.max_minutes
@@ -429,7 +468,7 @@ def train_head(
             if len(last_eval.alpha) > 1 and last_eval.alpha[1] > best_alpha2:
                 best_alpha2 = last_eval.alpha[1]
                 snapshot(run_dir / "best", last_eval)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", a=",".join(f"{a:.2f}" for a in last_eval.alpha) if last_eval else "-")
+        bar.set_postfix(loss=f"{loss:.3f}", a=",".join(f"{a:.2f}" for a in last_eval.alpha) if last_eval else "-")
         if step % config.checkpoint_every == 0 or time.monotonic() - last_checkpoint >= 60 * config.checkpoint_minutes or step == end or timed_out:
             checkpoint()
             last_checkpoint = time.monotonic()
