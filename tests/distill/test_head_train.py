@@ -265,3 +265,29 @@ def test_bad_input_gives_clear_errors(target, feature_dirs, tmp_path):
     with pytest.raises(ConfigError, match="--resume"):
         train_head(tmp_path / "d", [root / "train"], [root / "eval"], embed, head_config(target), train_config(),
                    resume=True, progress=False)
+
+
+def test_cli_builds_features_and_trains(target, tmp_path):
+    """`verispec train-head` end to end on a saved tiny target: records + text -> features -> head."""
+    import json as json_module
+
+    from tests.distill.helpers import save_pair_member
+    from verispec.cli.main import main
+
+    model_dir = save_pair_member(target, word_tokenizer(V), tmp_path / "target")
+    save_shard(tmp_path / "records" / "shard-p00-b0000.pt", records_for(["qa:1", "qa:2", "qa:5"]))
+    save_shard(tmp_path / "eval_records" / "eval-p00-b0000.pt", records_for(["qa:10", "qa:20"], seed=4))
+    (tmp_path / "text.txt").write_text(" ".join(f"w{j % 60 + 2}" for j in range(100)))
+    code = main(["train-head", "--out", str(tmp_path / "run"), "--target", str(model_dir),
+                 "--records", str(tmp_path / "records"), "--eval-records", str(tmp_path / "eval_records"),
+                 "--text-files", str(tmp_path / "*.txt"), "--draft-vocab", "24", "--steps", "2", "--batch", "2",
+                 "--context", "32", "--eval-every", "1", "--top-k", "8", "--no-progress"])
+    assert code == 0
+    train_ids = {r["prompt_id"] for r in load_feature_shards(feature_shard_paths(tmp_path / "run" / "features" / "train"))}
+    assert {"qa:1", "qa:2"} <= train_ids and "qa:5" not in train_ids  # qa:5 is held out
+    assert any(i.startswith("text:") for i in train_ids)
+    recipe = load_head(tmp_path / "run" / "final").config.extra["training"]
+    assert recipe["step"] == 2 and recipe["heldout_eval"]["entries"] > 0
+    assert json_module.loads((tmp_path / "run" / "history.jsonl").read_text().splitlines()[-1])["eval"]["alpha"]
+    assert main(["train-head", "--out", str(tmp_path / "bad"), "--target", str(model_dir), "--no-build",
+                 "--draft-vocab", str(V + 1)]) == 2  # a clear ConfigError, not a traceback

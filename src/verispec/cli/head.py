@@ -116,8 +116,9 @@ def run_train_head(args) -> int:
         vocab_records = []
         for path in record_shard_inputs(args.records):
             vocab_records += [r for r in torch.load(path, weights_only=False)["records"]
-                              if not prompt_is_heldout(r.get("prompt_id", ""))]
+                              if "topk_logits" in r and not prompt_is_heldout(r.get("prompt_id", ""))]
         recipe["vocab_records"] = len(vocab_records)
+        vocab_records = vocab_records or None  # records without teacher rows: rank on the features
     result = train_head(out, [train_dir], [eval_dir], embed_weight, head_config, config, always_ids=always,
                         resume=args.resume, before_rescan=None if args.no_build else build, recipe=recipe,
                         vocab_records=vocab_records, progress=progress)
