@@ -24,6 +24,7 @@ from verispec.distill.head_train import (
     acceptance_rows,
     evaluate_head,
     head_loss,
+    init_from_target,
     make_window_batch,
     target_to_draft_table,
     teacher_in_draft,
@@ -291,3 +292,16 @@ def test_cli_builds_features_and_trains(target, tmp_path):
     assert json_module.loads((tmp_path / "run" / "history.jsonl").read_text().splitlines()[-1])["eval"]["alpha"]
     assert main(["train-head", "--out", str(tmp_path / "bad"), "--target", str(model_dir), "--no-build",
                  "--draft-vocab", str(V + 1)]) == 2  # a clear ConfigError, not a traceback
+
+
+def test_init_from_target_copies_the_output_rows_of_the_draft_vocabulary(target):
+    head = Eagle3Head(head_config(target, 8), torch.tensor([1, 3, 5, 7, 11, 13, 17, 19]))
+    out = target.get_output_embeddings().weight.detach()
+    init_from_target(head, out, target.model.norm.weight.detach())
+    assert torch.equal(head.lm_head.weight, out[[1, 3, 5, 7, 11, 13, 17, 19]])
+    # the head then scores a target hidden state h exactly like the target does on D
+    h = torch.randn(16)
+    expected = target.lm_head(target.model.norm(h[None]))[0][head.draft_to_target]
+    torch.testing.assert_close(head.draft_logits(h[None])[0], expected)
+    with pytest.raises(ConfigError, match="does not match"):
+        init_from_target(head, out[:, :8], target.model.norm.weight.detach())

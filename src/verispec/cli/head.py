@@ -49,7 +49,17 @@ def add_train_head_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--resume", action="store_true", help="continue OUT/checkpoint.pt exactly")
+    p.add_argument("--init-from-target", action="store_true",
+                   help="start lm_head / norm from the target's output embedding rows / final norm (default: random)")
     p.add_argument("--no-progress", action="store_true")
+
+
+def _target_output(target):
+    """(output embedding (V, H), final norm weight (H,)) of a transformers causal LM."""
+    norm = getattr(getattr(target, "model", None), "norm", None)
+    if norm is None:
+        raise ConfigError("--init-from-target: the target has no model.norm (Llama-style models only)")
+    return target.get_output_embeddings().weight.detach().float().cpu(), norm.weight.detach().float().cpu()
 
 
 def run_train_head(args) -> int:
@@ -107,7 +117,8 @@ def run_train_head(args) -> int:
     )
     always = sorted(set(getattr(tokenizer, "all_special_ids", []) or [])) if tokenizer is not None else []
     recipe = {"records": [str(r) for r in args.records], "eval_records": [str(r) for r in args.eval_records],
-              "text_files": list(args.text_files), "text_max_tokens": args.text_max_tokens, "top_k": args.top_k}
+              "text_files": list(args.text_files), "text_max_tokens": args.text_max_tokens, "top_k": args.top_k,
+              "init_from_target": bool(args.init_from_target)}
     vocab_records = None
     if args.records and not args.resume:
         # rank the draft vocabulary on every continuation written so far (features may lag behind)
@@ -121,7 +132,8 @@ def run_train_head(args) -> int:
         vocab_records = vocab_records or None  # records without teacher rows: rank on the features
     result = train_head(out, [train_dir], [eval_dir], embed_weight, head_config, config, always_ids=always,
                         resume=args.resume, before_rescan=None if args.no_build else build, recipe=recipe,
-                        vocab_records=vocab_records, progress=progress)
+                        vocab_records=vocab_records, progress=progress,
+                        target_output=_target_output(target) if args.init_from_target else None)
     summary = {"step": result.step, "minutes": round(result.seconds / 60, 2), "train_positions": result.train_positions,
                "best_alpha_depth2": result.best_alpha2,
                "heldout": None if result.last_eval is None else result.last_eval.__dict__}

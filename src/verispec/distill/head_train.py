@@ -282,6 +282,20 @@ def evaluate_head(head: Eagle3Head, records: list[dict], embed_weight: torch.Ten
     )
 
 
+@torch.no_grad()
+def init_from_target(head: Eagle3Head, output_weight: torch.Tensor, final_norm_weight: torch.Tensor) -> None:
+    """Start the head's output side in the target's output space (as EAGLE-1's frozen target LM
+    head does): lm_head rows = the target's output-embedding rows of the draft vocabulary,
+    norm = the target's final norm. output_weight (V, H), final_norm_weight (H,); H must equal the
+    head's hidden size."""
+    config = head.config
+    if tuple(output_weight.shape) != (config.vocab_size, config.hidden_size):
+        raise ConfigError(f"target output embedding {tuple(output_weight.shape)} does not match the head "
+                          f"(vocab {config.vocab_size}, hidden {config.hidden_size}); train without --init-from-target")
+    head.lm_head.weight.copy_(output_weight[head.draft_to_target.cpu()].to(head.lm_head.weight))
+    head.norm.weight.copy_(final_norm_weight.to(head.norm.weight))
+
+
 # ----------------------------------------------------------------------------- schedule, checkpoints
 def learning_rate_factor(step: int, config: HeadTrainConfig) -> float:
     """Linear warm-up to 1, then cosine to ``min_lr_ratio`` at ``config.steps``."""
@@ -332,6 +346,7 @@ def train_head(
     before_rescan=None,
     recipe: dict | None = None,
     vocab_records: list[dict] | None = None,
+    target_output: tuple[torch.Tensor, torch.Tensor] | None = None,
     progress: bool = True,
 ) -> HeadTrainResult:
     """Train a head on the feature shards of ``train_dirs``; evaluate on ``eval_dirs``.
@@ -342,7 +357,8 @@ def train_head(
     to build features for new inputs. resume: continue from ``run_dir/checkpoint.pt`` exactly.
     vocab_records: records (distill.data or feature records) to rank the sub-vocabulary on instead
     of the training records loaded at the start (e.g. all target continuations written so far,
-    when their features are still being built)."""
+    when their features are still being built). target_output: (output embedding (V, H), final norm
+    weight (H,)) to start from (``init_from_target``); None = random init."""
     from tqdm import tqdm
 
     run_dir = Path(run_dir)
@@ -381,7 +397,10 @@ def train_head(
     else:
         vocab = sub_vocabulary(vocab_records or records, head_config.vocab_size, head_config.draft_vocab_size, always_ids)
         torch.manual_seed(config.seed)
-        head = Eagle3Head(head_config, vocab).to(device)
+        head = Eagle3Head(head_config, vocab)
+        if target_output is not None:
+            init_from_target(head, *target_output)
+        head = head.to(device)
     table = target_to_draft_table(head.draft_to_target, head_config.vocab_size)
 
     decay, no_decay = [], []
