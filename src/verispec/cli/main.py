@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.cli.export_head import add_export_head_parser
 
     add_export_head_parser(sub)
+    from verispec.cli.head import add_train_head_parser
+
+    add_train_head_parser(sub)
 
     from verispec.cli.serve import add_serve_parser
 
@@ -137,6 +140,10 @@ def main(argv=None) -> int:
             from verispec.cli.export_head import run_export_head
 
             return run_export_head(args)
+        if args.command == "train-head":
+            from verispec.cli.head import run_train_head
+
+            return run_train_head(args)
         if args.command == "bench":
             from verispec.cli.bench import run_bench
 
