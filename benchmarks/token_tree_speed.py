@@ -38,19 +38,7 @@ SPEC_BENCH = "/work/shared/data/spec_bench/question.jsonl"
 CONFIGS = ("plain", "tree", "lookup")
 
 
-def load_prompts(args):
-    from verispec.bench.datasets import humaneval_prompts
-
-    if args.dataset == "humaneval":
-        return [(p.prompt_id, "humaneval", p.text) for p in humaneval_prompts(args.limit, offset=args.start)]
-    rows = [json.loads(line) for line in open(args.spec_bench)]
-    taken: dict[str, int] = defaultdict(int)
-    prompts = []
-    for row in rows:
-        if row["question_id"] % 5 == 0 and taken[row["category"]] < args.per_category:
-            taken[row["category"]] += 1
-            prompts.append((f"spec-bench/{row['question_id']}", row["category"], row["turns"][0]))
-    return prompts
+from draft_compare import load_prompts  # noqa: E402  (one definition of the held-out prompt choice)
 
 
 class ForwardCounter:
