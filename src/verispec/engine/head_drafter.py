@@ -37,8 +37,8 @@ import torch
 from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.engine.drafters import DraftFn, _RoundFn
 from verispec.errors import ConfigError
+from verispec.models.head_formats import SHIPPED_HEAD_DIR  # one definition: the CLI exporter resolves "head" there too
 
-SHIPPED_HEAD_DIR = Path(__file__).resolve().parent.parent / "assets" / "eagle3_head_smollm2"
 MIN_CAPACITY = 256
 # rules whose target modification assumes q(.|prefix) is a function of the token sequence alone
 CONTEXT_ONLY_Q_RULES = ("gbv-mod", "spectr-gbv-star")
@@ -81,13 +81,8 @@ def load_head_source(draft, target) -> object:
         )
     if is_head_dir(directory):
         return load_head(directory, dtype=dtype, device=device)
-    try:
-        from verispec.models.head_formats import load_any_head
-    except ImportError as error:
-        raise ConfigError(
-            f"{str(directory)!r} is not a verispec head directory (no verispec_head.json) and this install has no "
-            "EAGLE-3 / speculators loader (verispec.models.head_formats); convert it with 'verispec export-head'"
-        ) from error
+    from verispec.models.head_formats import load_any_head
+
     embedding = target.model.get_input_embeddings().weight
     return load_any_head(
         directory, target_config=target.model.config, dtype=dtype, device=device, target_embedding=embedding
@@ -135,8 +130,6 @@ class HeadDrafter:
         target.enable_features(self.feature_layers)  # validates them against the target now
         self.embed_tokens = target.model.get_input_embeddings()
         self._param = next(head.parameters())
-        config = head.config
-        self._cache_shape = (1, config.num_key_value_heads, 0, config.head_dim)
         self._keys = self._values = None  # (1, kv_heads, capacity, head_dim)
         self._committed = 0  # head entries over committed pairs (entries 0.._committed-1)
         self._speculative = 0  # this round's entries, after the committed ones
