@@ -126,8 +126,15 @@ MUTANTS = [
     Mutant(
         "sd_residual_swapped",
         "SD residual norm([q - p]_+)",
-        (("verify/sd.py", "residual(tree.target.row(parent), tree.draft.row(parent))",
-          "residual(tree.draft.row(parent), tree.target.row(parent))"),),
+        (("verify/sd.py", "residual(p, tree.draft.gather(parent, ids))",
+          "residual(tree.draft.gather(parent, ids), p)"),),
+        (BLOCK,),
+    ),
+    Mutant(
+        "support_index_as_token",
+        "a draw on the target's support returns the index into the support instead of its token id",
+        (("core/rows.py", "    return int(ids[rng.categorical(law)]), int(guard)",
+          "    return int(rng.categorical(law)), int(guard)"),),
         (BLOCK,),
     ),
     Mutant(

@@ -21,6 +21,14 @@ Interface (``Rows``), n rows over V tokens, node = row index:
   row(node) -> (V,) float64             the full processed row (cached; callers must not write
                                         into it: copy first)
   argmax(node) -> int                   most probable token, lowest id on ties
+  support(node) -> (ids, values)        the row's positive entries: ids ascending int64 (a superset
+                                        of {x : row[x] > 0}; zeros may be listed), values float64
+                                        equal to row(node)[ids] entry by entry. Every law a rule
+                                        draws from at a node lies inside supp(p(.|node)), so rules
+                                        compute residuals on these few entries (a top-p nucleus)
+                                        instead of V (issue 16)
+  gather(node, ids) -> (m,) float64     row(node)[ids] entry by entry, without building the row
+                                        where the backend can (the draft side of a residual)
   greedy                                True when every row is a point mass at its argmax
                                         (temperature 0): rules then draw nothing from full rows
   dense() -> (n, V) float64             every row (for rules that need all of them)
@@ -61,6 +69,16 @@ class Rows:
     def argmax(self, node: int) -> int:
         return int(np.argmax(self.row(node)))
 
+    def support(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids ascending, row[ids]) over the positive entries; backends override with cheaper forms."""
+        row = self.row(node)
+        ids = np.flatnonzero(row > 0)
+        return ids, row[ids]
+
+    def gather(self, node: int, ids) -> np.ndarray:
+        """row(node)[ids] (float64, a new array)."""
+        return self.row(node)[np.asarray(ids, dtype=np.int64)]
+
     def dense(self) -> np.ndarray:
         return np.stack([self.row(node) for node in range(self.num_rows)]) if self.num_rows else np.zeros((0, self.vocab_size))
 
@@ -88,6 +106,9 @@ class DenseRows(Rows):
 
     def probs_of(self, nodes, tokens) -> np.ndarray:
         return self.array[np.asarray(nodes, dtype=np.int64), np.asarray(tokens, dtype=np.int64)]
+
+    def gather(self, node: int, ids) -> np.ndarray:
+        return self.array[int(node), np.asarray(ids, dtype=np.int64)]
 
     def dense(self) -> np.ndarray:
         return self.array
@@ -346,3 +367,22 @@ def draw_from(rng: Rng, target: Rows, node: int, build=None) -> tuple[int, int]:
         return rng.categorical(target.row(node)), 0
     law, guard = build()
     return rng.categorical(law), int(guard)
+
+
+def draw_on_support(rng: Rng, target: Rows, node: int, build=None) -> tuple[int, int]:
+    """``draw_from`` in the coordinates of the target's support at ``node`` (issue 16).
+
+    ids, p = target.support(node); ``build(ids, p)`` -> (law over ids (m,), guard hits), e.g.
+    ``residual(p, draft.gather(node, ids))``; the token drawn is ids[categorical(law)]. Without
+    ``build`` the draw is from p itself. Exact whenever the law vanishes outside supp(p), which
+    holds for every law of the rules (see ``draw_from``): the entries outside the support are 0 in
+    the dense law, so a categorical over the support has the same law, and with the same uniform
+    the same token (the cumulative sums agree; only the normaliser's summation order differs, by
+    rounding). Greedy rows draw nothing (their argmax), as in ``draw_from``."""
+    if target.greedy:
+        return target.argmax(node), 0
+    ids, probs = target.support(node)
+    if build is None:
+        return int(ids[rng.categorical(probs)]), 0
+    law, guard = build(ids, probs)
+    return int(ids[rng.categorical(law)]), int(guard)

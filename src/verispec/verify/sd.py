@@ -5,14 +5,15 @@ y ~ norm([p_i - q_i]_+); if all L are accepted emit a bonus y ~ p_{L+1}. Lossles
 
 Rows are read through the tree's row providers (core.rows): the ratios need one entry per row,
 fetched in blocks of 2, 4, 8, ... positions (one batched gather each, so a rejection at position i
-has touched at most 2i rows), and full rows are built only for the residual or the bonus draw.
+has touched at most 2i rows), and the residual and bonus draws read only the target's support
+(core.rows.draw_on_support: a top-p nucleus is a few hundred of V tokens).
 """
 
 from __future__ import annotations
 
 from verispec.core.probs import residual
 from verispec.core.rng import Rng
-from verispec.core.rows import draw_from
+from verispec.core.rows import draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
 
@@ -42,10 +43,11 @@ class SpeculativeSampling(Verifier):
             for offset in range(stop - start):
                 if not rng.bernoulli(acceptance_ratio(target_token[offset], draft_token[offset])):
                     parent = parents[start + offset]
-                    token, guard = draw_from(
-                        rng, tree.target, parent, lambda: residual(tree.target.row(parent), tree.draft.row(parent))
+                    # the residual vanishes outside supp(p): built on the target's support only
+                    token, guard = draw_on_support(
+                        rng, tree.target, parent, lambda ids, p: residual(p, tree.draft.gather(parent, ids))
                     )
                     return result_at(tree, parent, token, False, diagnostics={"residual_guard_hits": guard})
             start, block = stop, block * 2
         leaf = path[-1] if path else ROOT
-        return result_at(tree, leaf, draw_from(rng, tree.target, leaf)[0], True)
+        return result_at(tree, leaf, draw_on_support(rng, tree.target, leaf)[0], True)
