@@ -105,9 +105,23 @@ MUTANTS = [
     Mutant(
         "wrong_C",
         "C(z) accumulates q(y) without the factor Q(z)",
-        ((GREEDY, "self.below[i + 1] = self.below[i] + self.mass[i] * below_mass(",
-          "self.below[i + 1] = self.below[i] + below_mass("),),
+        ((GREEDY, "self.below[i + 1] = self.below[i] + self.mass[i] * below_token",
+          "self.below[i + 1] = self.below[i] + below_token"),),
         (GREEDY_TESTS,),
+    ),
+    Mutant(
+        "qtilde_gather_without_C",
+        "q̃ entries read on the target's support (issue 16) miss C(z), the mass of the paths ranked below",
+        ((GREEDY, "lower = self.below[position] + self.mass[position] * below_mass_on_supports(",
+          "lower = self.mass[position] * below_mass_on_supports("),),
+        (GREEDY_TESTS,),
+    ),
+    Mutant(
+        "support_bottom_block_dropped",
+        "the support form of the below masses forgets the p = 0 tokens (ratio 0) ranked lowest",
+        ((GREEDY, "    bottom = float(bottom_cumulative[-1]) if len(bottom_cumulative) else 0.0",
+          "    bottom = 0.0"),),
+        (GREEDY_TESTS, FAST_BELOW_TESTS),
     ),
     Mutant(
         "k1_fallback",

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.verify.below_mass_reference import below_mass_all_reference
-from verispec.verify.greedy_selection import below_mass_all, local_order, sorted_local_order
+from verispec.verify.greedy_selection import below_mass_all, below_mass_on_supports, local_order, sorted_local_order
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -125,3 +125,21 @@ def test_below_mass_all_equals_the_old_computation(name, target, draft):
     got = below_mass_all(target, draft)
     assert got.shape == expected.shape == (len(draft),)
     assert np.array_equal(got, expected), (name, int(np.count_nonzero(got != expected)))
+
+
+@pytest.mark.parametrize("name, target, draft", list(row_pairs()), ids=[name for name, _, _ in row_pairs()])
+def test_below_mass_on_supports_equals_below_mass_all(name, target, draft):
+    """The support form (issue 16: no pass over V) gives the same floats as the dense form, for
+    every token (q = 0 and p = 0 tokens included), with exact supports and with supersets that
+    list zero entries (LogitRows may)."""
+    target, draft = np.asarray(target, dtype=np.float64), np.asarray(draft, dtype=np.float64)
+    expected = below_mass_all(target, draft)
+    everything = np.arange(len(draft))
+    exact = below_mass_on_supports(np.flatnonzero(target), target[target > 0], np.flatnonzero(draft),
+                                   draft[draft > 0], everything)
+    assert np.array_equal(exact, expected), (name, int(np.count_nonzero(exact != expected)))
+    padded = below_mass_on_supports(everything, target, everything, draft, everything)
+    assert np.array_equal(padded, expected), name
+    some = np.random.default_rng(1).choice(len(draft), size=min(7, len(draft)), replace=False)
+    assert np.array_equal(below_mass_on_supports(np.flatnonzero(target), target[target > 0], everything, draft, some),
+                          expected[some]), name

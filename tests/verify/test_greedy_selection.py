@@ -100,6 +100,10 @@ def test_selected_path_law_is_the_skewed_law(fixture, num_drafts):
                 assert row.sum() == pytest.approx(law.joint[depth], rel=1e-12, abs=1e-15), prefix
                 if law.joint[depth] > 0:
                     assert law[depth].sum() == pytest.approx(1.0, abs=1e-12)
+                    # the entries read on a support (issue 16) are the dense row's floats
+                    everything = np.arange(3)
+                    assert np.array_equal(law.gather(depth, everything), law[depth]), prefix
+                    assert np.array_equal(law.gather(depth, everything[::2]), law[depth][::2]), prefix
 
 
 @pytest.mark.parametrize("num_drafts", [2, 3])

@@ -94,6 +94,14 @@ class PathRows:
     def __getitem__(self, position: int) -> np.ndarray:
         return self.rows.row(self.nodes[position])
 
+    def support(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The row provider's support of ``nodes[position]`` (core.rows.Rows.support)."""
+        return self.rows.support(self.nodes[position])
+
+    def gather(self, position: int, ids) -> np.ndarray:
+        """``self[position][ids]`` without building the row where the provider can."""
+        return self.rows.gather(self.nodes[position], ids)
+
     def __len__(self) -> int:
         return len(self.nodes)
 

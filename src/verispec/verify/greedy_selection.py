@@ -120,6 +120,61 @@ def below_mass_all(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
     return below
 
 
+def below_mass_on_supports(
+    target_ids: np.ndarray, target_values: np.ndarray, draft_ids: np.ndarray, draft_values: np.ndarray, query_ids
+) -> np.ndarray:
+    """``below_mass_all(target, draft)[query_ids]`` from the rows' supports, with no pass over V
+    (issue 16: a top-p nucleus holds ~10^2 of V = 10^5 tokens). Bit-identical to
+    ``below_mass_all`` (tests/verify/test_below_mass_fast.py).
+
+    p is ``target_values`` on ``target_ids`` and 0 elsewhere, q is ``draft_values`` on
+    ``draft_ids`` and 0 elsewhere (ids ascending int64; zero values may be listed). Only tokens
+    with q > 0 carry mass below anything: those with p = 0 (ratio 0) rank lowest, in id order (the
+    bottom block), those with p > 0 rank by ``sorted_local_order`` of p/q above them, and a token
+    with q = 0 has every mass below it (``below_mass_all``'s convention). The same cumulative sums
+    in the same order as ``below_mass_all``, so the same floats."""
+    target_ids, target_values = np.asarray(target_ids, dtype=np.int64), np.asarray(target_values, dtype=np.float64)
+    draft_ids, draft_values = np.asarray(draft_ids, dtype=np.int64), np.asarray(draft_values, dtype=np.float64)
+    query_ids = np.asarray(query_ids, dtype=np.int64)
+    positive_target = target_values > 0.0
+    target_ids, target_values = target_ids[positive_target], target_values[positive_target]
+    positive_draft = draft_values > 0.0
+    draft_ids, draft_values = draft_ids[positive_draft], draft_values[positive_draft]
+    # bottom block: q > 0 and p = 0, in id order
+    in_target = _member_of(draft_ids, target_ids)
+    bottom_ids, bottom_mass = draft_ids[~in_target], draft_values[~in_target]
+    bottom_cumulative = np.cumsum(bottom_mass)
+    bottom = float(bottom_cumulative[-1]) if len(bottom_cumulative) else 0.0
+    # middle block: p > 0 and q > 0, by (p/q, id)
+    middle_ids, middle_mass = draft_ids[in_target], draft_values[in_target]
+    middle_target = target_values[np.searchsorted(target_ids, middle_ids)]
+    ranked = sorted_local_order(middle_target / middle_mass)
+    ranked_mass = middle_mass[ranked]
+    middle_below = np.empty(len(middle_ids))
+    middle_below[ranked] = bottom + np.cumsum(ranked_mass) - ranked_mass
+    # every query starts as a q = 0 token (everything with mass is below it), then the two blocks
+    below = np.full(len(query_ids), bottom + float(ranked_mass.sum()))
+    for block_ids, block_below in (
+        (bottom_ids, bottom_cumulative - bottom_mass),
+        (middle_ids, middle_below),
+    ):
+        hit, where = _positions_in(query_ids, block_ids)
+        below[hit] = block_below[where[hit]]
+    return below
+
+
+def _positions_in(values: np.ndarray, sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of ``values`` found in ``sorted_ids`` (ascending), their index there; 0 where absent)."""
+    where = np.searchsorted(sorted_ids, values)
+    clipped = np.minimum(where, max(len(sorted_ids) - 1, 0))
+    hit = (where < len(sorted_ids)) & (sorted_ids[clipped] == values) if len(sorted_ids) else np.zeros(len(values), bool)
+    return hit, clipped
+
+
+def _member_of(values: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    return _positions_in(values, sorted_ids)[0]
+
+
 def skewed_mass(lower, added, num_drafts: int):
     """(lower + added)^K - lower^K without cancellation (§7.2 numerics); arrays broadcast.
 
@@ -136,6 +191,23 @@ def skewed_mass(lower, added, num_drafts: int):
         total *= upper
         total += lower_power
     return added * total
+
+
+def _support(rows, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, values) of the positive entries of ``rows[position]``: the row provider's support
+    (core.rows; no pass over V) when ``rows`` has one, else from the (V,) array."""
+    if hasattr(rows, "support"):
+        return rows.support(position)
+    row = np.asarray(rows[position], dtype=np.float64)
+    ids = np.flatnonzero(row > 0.0)
+    return ids, row[ids]
+
+
+def _gather(rows, position: int, ids) -> np.ndarray:
+    """``rows[position][ids]`` through the row provider's gather when it has one."""
+    if hasattr(rows, "gather"):
+        return np.asarray(rows.gather(position, ids), dtype=np.float64)
+    return np.asarray(rows[position], dtype=np.float64)[np.asarray(ids, dtype=np.int64)]
 
 
 # ----- selection --------------------------------------------------------------------------------
@@ -190,11 +262,14 @@ class SkewedPathLaw:
             raise ValueError(f"the skewed law needs K >= 1 drafts, got {num_drafts}")
         self.target_rows, self.draft_rows, self.num_drafts = target_rows, draft_rows, num_drafts
         length = len(tokens)
+        self._supports: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.below = np.zeros(length + 1)  # C(s_{1:i})
         self.mass = np.ones(length + 1)  # Q(s_{1:i})
         for i, token in enumerate(tokens):
-            self.below[i + 1] = self.below[i] + self.mass[i] * below_mass(target_rows[i], draft_rows[i], token)
-            self.mass[i + 1] = self.mass[i] * draft_rows[i][token]
+            # from the rows' supports (no pass over V); the same floats as below_mass_all(...)[token]
+            below_token = float(below_mass_on_supports(*self._supports_at(i), [int(token)])[0])
+            self.below[i + 1] = self.below[i] + self.mass[i] * below_token
+            self.mass[i + 1] = self.mass[i] * float(_gather(draft_rows, i, [int(token)])[0])
         self.joint = skewed_mass(self.below, self.mass, num_drafts)  # Q̃(s_{1:i}), i = 0..L
         with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 only on paths no draft reaches
             self.token_probs = self.joint[1:] / self.joint[:-1]
@@ -205,6 +280,23 @@ class SkewedPathLaw:
         target, draft = self.target_rows[position], self.draft_rows[position]
         lower = self.below[position] + self.mass[position] * below_mass_all(target, draft)
         return skewed_mass(lower, self.mass[position] * draft, self.num_drafts)
+
+    def _supports_at(self, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(target ids, p, draft ids, q) on the rows' supports at ``position``, cached."""
+        if position not in self._supports:
+            self._supports[position] = (*_support(self.target_rows, position), *_support(self.draft_rows, position))
+        return self._supports[position]
+
+    def gather(self, position: int, ids) -> np.ndarray:
+        """``self[position][ids]`` (q̃(x | s_{1:position}) at ``ids``), entry by entry the same floats,
+        without the (V,) row: the below masses from the supports, the skewed mass at ``ids`` only."""
+        scale = self.joint[position]
+        if not scale > 0.0:  # a path no draft reaches: the dense row normalises by its own sum
+            return self[position][np.asarray(ids, dtype=np.int64)]
+        ids = np.asarray(ids, dtype=np.int64)
+        lower = self.below[position] + self.mass[position] * below_mass_on_supports(*self._supports_at(position), ids)
+        added = self.mass[position] * _gather(self.draft_rows, position, ids)
+        return skewed_mass(lower, added, self.num_drafts) / scale
 
     def __getitem__(self, position: int) -> np.ndarray:
         if position not in self._rows:
