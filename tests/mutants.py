@@ -124,6 +124,20 @@ MUTANTS = [
         (GREEDY_TESTS, FAST_BELOW_TESTS),
     ),
     Mutant(
+        "gbv_residual_unscaled",
+        "GBV-mod/★ residual norm([p - q]_+) instead of norm([nu p - q]_+) (the support-coordinates builder)",
+        (("verify/gbv_mod.py", "draw_on_support(rng, tree.target, node, greedy_block_residual(draft_rows, tau, log_nu))",
+          "draw_on_support(rng, tree.target, node, greedy_block_residual(draft_rows, tau, 0.0))"),),
+        (BLOCK,),
+    ),
+    Mutant(
+        "gbv_surplus_signed",
+        "GBV-mod/★ S_i summed without the positive part",
+        (("verify/gbv_mod.py", "surplus = float(np.maximum(difference, 0.0, out=difference).sum())",
+          "surplus = float(difference.sum())"),),
+        (BLOCK,),
+    ),
+    Mutant(
         "k1_fallback",
         "IID_PATHS tree without raw paths silently verified with K = 1",
         ((GREEDY, "        if tree.num_paths < 1:\n            raise InvalidDraftError(",

@@ -106,6 +106,23 @@ class PathRows:
         return len(self.nodes)
 
 
+def row_support(rows, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, values) of the positive entries of ``rows[position]``: the provider's support
+    (``PathRows``, q̃ of §7; no pass over V) when it has one, else from the (V,) array."""
+    if hasattr(rows, "support"):
+        return rows.support(position)
+    row = np.asarray(rows[position], dtype=np.float64)
+    ids = np.flatnonzero(row > 0.0)
+    return ids, row[ids]
+
+
+def row_gather(rows, position: int, ids) -> np.ndarray:
+    """``rows[position][ids]`` (float64) through the provider's gather when it has one."""
+    if hasattr(rows, "gather"):
+        return np.asarray(rows.gather(position, ids), dtype=np.float64)
+    return np.asarray(rows[position], dtype=np.float64)[np.asarray(ids, dtype=np.int64)]
+
+
 def path_rows(tree: DraftTree, path: tuple[int, ...]):
     """(rows root..leaf, target rows p_1..p_{L+1}, draft rows q_1..q_L) of a root path; the
     vectors are ``PathRows`` indexable by position and are processed only when read."""

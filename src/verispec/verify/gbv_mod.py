@@ -17,8 +17,9 @@ import numpy as np
 
 from verispec.core.probs import normalized_positive_part, safe_log
 from verispec.core.rng import Rng
+from verispec.core.rows import draw_on_support
 from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, chain_nodes, path_rows, result_at
+from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, path_rows, result_at, row_gather, row_support
 from verispec.verify.modification import ModificationWindow, PlainDraftJoint
 
 
@@ -30,19 +31,19 @@ def _scaled_parts(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple
     return target, math.exp(-log_nu) * draft
 
 
-def greedy_block_verify_path(
-    rng: Rng, target_probs: np.ndarray, draft_rows, tokens: np.ndarray, draft_token_probs: np.ndarray | None = None
-) -> tuple[int, np.ndarray, bool]:
-    """§4.2 on one path. target_probs: (L+1, V) = p_1..p_{L+1}; draft_rows: the draft law the
-    path was drawn from (q, or q̃ for SpecTr-GBV★), indexable by position 0..L-1 (array or lazy
-    provider); draft_token_probs: (L,) draft probabilities of the path's tokens.
-    Returns (tau, extra-token law, guard)."""
-    length = len(tokens)
-    positions = np.arange(length)
-    if draft_token_probs is None:
-        draft_token_probs = np.array([draft_rows[i][tokens[i]] for i in range(length)])
+def greedy_block_stop(
+    rng: Rng, target_rows, draft_rows, target_token_probs: np.ndarray, draft_token_probs: np.ndarray
+) -> tuple[int, float]:
+    """§4.2 on one path: (tau, log nu_tau).
+
+    target_rows: p_1..p_{L+1} and draft_rows: the law the path was drawn from (q, or q̃ for
+    SpecTr-GBV★), both indexable by position (arrays or lazy providers, read through
+    ``row_support`` / ``row_gather``); target_token_probs / draft_token_probs: (L,) p_i(x_i),
+    q_i(x_i). S_i = sum_x [nu_i p_{i+1}(x) - q_{i+1}(x)]_+ is summed over supp(p_{i+1}) only: the
+    positive part vanishes where p = 0 (issue 16: a top-p nucleus instead of V)."""
+    length = len(target_token_probs)
     with np.errstate(divide="ignore"):
-        log_ratios = np.log(np.array([target_probs[i][tokens[i]] for i in positions])) - np.log(draft_token_probs)
+        log_ratios = np.log(np.asarray(target_token_probs, dtype=np.float64)) - np.log(draft_token_probs)
     log_nu = np.concatenate([[0.0], np.cumsum(log_ratios)])
     for i in range(length, 0, -1):
         if i == length:
@@ -50,7 +51,8 @@ def greedy_block_verify_path(
         elif log_nu[i] == -math.inf:
             stop = 0.0  # P(x_{1:i}) = 0: S_i = 0 < D_i
         else:
-            scaled_p, scaled_q = _scaled_parts(target_probs[i], draft_rows[i], log_nu[i])
+            ids, target = row_support(target_rows, i)
+            scaled_p, scaled_q = _scaled_parts(target, row_gather(draft_rows, i, ids), log_nu[i])
             difference = scaled_p - scaled_q
             surplus = float(np.maximum(difference, 0.0, out=difference).sum())
             # sum [q - nu p]_+ = sum [nu p - q]_+ - (sum nu p - sum q): both vectors sum to 1, so in
@@ -59,15 +61,34 @@ def greedy_block_verify_path(
             deficit = max(surplus - excess, 0.0)
             stop = 1.0 if deficit <= 0.0 else min(1.0, surplus / deficit)
         if rng.bernoulli(stop):
-            if i == length:
-                return length, target_probs[length], False
-            return (i, *_residual_at(target_probs[i], draft_rows[i], log_nu[i]))
-    return (0, *_residual_at(target_probs[0], draft_rows[0], 0.0))
+            return i, float(log_nu[i])
+    return 0, 0.0
 
 
-def _residual_at(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[np.ndarray, bool]:
-    scaled_p, scaled_q = _scaled_parts(target, draft, log_nu)
-    return normalized_positive_part(scaled_p - scaled_q, target)
+def greedy_block_residual(draft_rows, position: int, log_nu: float):
+    """The builder for ``draw_on_support`` of norm([nu p - q]_+) at ``position`` (§4.2), on the
+    target's support (ids, p) with q read at those ids only."""
+    def build(ids: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, bool]:
+        scaled_p, scaled_q = _scaled_parts(target, row_gather(draft_rows, position, ids), log_nu)
+        return normalized_positive_part(scaled_p - scaled_q, target)
+    return build
+
+
+def greedy_block_draw(
+    rng: Rng, tree: DraftTree, rows, draft_rows, tokens, draft_token_probs: np.ndarray
+) -> tuple[int, int, int]:
+    """§4.2 on the path ``rows`` (root first, node indices) of ``tree``: (tau, next token, guard
+    hits). ``draft_rows`` is the path's draft law by position (q's ``PathRows`` or q̃)."""
+    target_rows = PathRows(tree.target, rows)
+    tokens = [int(t) for t in tokens]
+    tau, log_nu = greedy_block_stop(
+        rng, target_rows, draft_rows, tree.target.probs_of(rows[:-1], tokens), draft_token_probs
+    )
+    node = rows[tau]
+    if tau == len(tokens):
+        return tau, draw_on_support(rng, tree.target, node)[0], 0
+    token, guard = draw_on_support(rng, tree.target, node, greedy_block_residual(draft_rows, tau, log_nu))
+    return tau, token, guard
 
 
 class GBVMod(Verifier):
@@ -80,10 +101,10 @@ class GBVMod(Verifier):
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         path = chain_nodes(tree)
-        rows, target_rows, draft_rows = path_rows(tree, path)
+        rows, _, draft_rows = path_rows(tree, path)
         tokens = tree.tokens[list(path)]
-        tau, dist, guard = greedy_block_verify_path(rng, target_rows, draft_rows, tokens)
-        next_token = rng.categorical(dist)
+        draft_token_probs = tree.draft.probs_of(rows[:-1], [int(t) for t in tokens])
+        tau, next_token, guard = greedy_block_draw(rng, tree, rows, draft_rows, tokens, draft_token_probs)
         window = None
         remaining = len(path) - 1 - tau
         if self.modify_target and remaining > 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.verify.base import row_gather, row_support
 from verispec.errors import InvalidDraftError
 
 
@@ -193,23 +194,6 @@ def skewed_mass(lower, added, num_drafts: int):
     return added * total
 
 
-def _support(rows, position: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, values) of the positive entries of ``rows[position]``: the row provider's support
-    (core.rows; no pass over V) when ``rows`` has one, else from the (V,) array."""
-    if hasattr(rows, "support"):
-        return rows.support(position)
-    row = np.asarray(rows[position], dtype=np.float64)
-    ids = np.flatnonzero(row > 0.0)
-    return ids, row[ids]
-
-
-def _gather(rows, position: int, ids) -> np.ndarray:
-    """``rows[position][ids]`` through the row provider's gather when it has one."""
-    if hasattr(rows, "gather"):
-        return np.asarray(rows.gather(position, ids), dtype=np.float64)
-    return np.asarray(rows[position], dtype=np.float64)[np.asarray(ids, dtype=np.int64)]
-
-
 # ----- selection --------------------------------------------------------------------------------
 def num_iid_drafts(tree: DraftTree) -> int:
     """K, the number of i.i.d. drafted paths the skewed law is taken over.
@@ -269,7 +253,7 @@ class SkewedPathLaw:
             # from the rows' supports (no pass over V); the same floats as below_mass_all(...)[token]
             below_token = float(below_mass_on_supports(*self._supports_at(i), [int(token)])[0])
             self.below[i + 1] = self.below[i] + self.mass[i] * below_token
-            self.mass[i + 1] = self.mass[i] * float(_gather(draft_rows, i, [int(token)])[0])
+            self.mass[i + 1] = self.mass[i] * float(row_gather(draft_rows, i, [int(token)])[0])
         self.joint = skewed_mass(self.below, self.mass, num_drafts)  # Q̃(s_{1:i}), i = 0..L
         with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 only on paths no draft reaches
             self.token_probs = self.joint[1:] / self.joint[:-1]
@@ -284,7 +268,7 @@ class SkewedPathLaw:
     def _supports_at(self, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(target ids, p, draft ids, q) on the rows' supports at ``position``, cached."""
         if position not in self._supports:
-            self._supports[position] = (*_support(self.target_rows, position), *_support(self.draft_rows, position))
+            self._supports[position] = (*row_support(self.target_rows, position), *row_support(self.draft_rows, position))
         return self._supports[position]
 
     def gather(self, position: int, ids) -> np.ndarray:
@@ -295,7 +279,7 @@ class SkewedPathLaw:
             return self[position][np.asarray(ids, dtype=np.int64)]
         ids = np.asarray(ids, dtype=np.int64)
         lower = self.below[position] + self.mass[position] * below_mass_on_supports(*self._supports_at(position), ids)
-        added = self.mass[position] * _gather(self.draft_rows, position, ids)
+        added = self.mass[position] * row_gather(self.draft_rows, position, ids)
         return skewed_mass(lower, added, self.num_drafts) / scale
 
     def __getitem__(self, position: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD, safe_log
-from verispec.verify.greedy_selection import below_mass, below_mass_all, skewed_mass
+from verispec.verify.greedy_selection import below_mass_all, below_mass_on_supports, skewed_mass
 
 
 # Largest |log factor| applied as one float multiplication; beyond it the factor itself would
@@ -69,8 +69,19 @@ class SkewedDraftJoint:
         return skewed_mass(lower, self.mass * draft, self.num_drafts), self.num_drafts * self.log_scale
 
     def advance(self, token: int, base_target: np.ndarray, draft: np.ndarray) -> "SkewedDraftJoint":
-        below = self.below + self.mass * below_mass(base_target, draft, token)
-        mass = self.mass * float(draft[token])
+        target_ids, draft_ids = np.flatnonzero(base_target > 0.0), np.flatnonzero(draft > 0.0)
+        return self.advance_on_supports(token, target_ids, base_target[target_ids], draft_ids, draft[draft_ids])
+
+    def advance_on_supports(
+        self, token: int, target_ids: np.ndarray, target_values: np.ndarray, draft_ids: np.ndarray, draft_values: np.ndarray
+    ) -> "SkewedDraftJoint":
+        """``advance`` from the rows' supports (core.rows.Rows.support): no pass over V."""
+        below = self.below + self.mass * float(
+            below_mass_on_supports(target_ids, target_values, draft_ids, draft_values, [int(token)])[0]
+        )
+        hit = np.searchsorted(draft_ids, token)
+        draft_prob = float(draft_values[hit]) if hit < len(draft_ids) and draft_ids[hit] == token else 0.0
+        mass = self.mass * draft_prob
         scale = max(below, mass)
         if not scale > 0.0:  # C = Q = 0: the prefix has no draft mass, Q̃ = 0 from here on
             return SkewedDraftJoint(0.0, 0.0, self.num_drafts, self.log_scale)

@@ -14,7 +14,7 @@ from verispec.core.probs import safe_log
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
-from verispec.verify.gbv_mod import greedy_block_verify_path
+from verispec.verify.gbv_mod import greedy_block_draw
 from verispec.verify.greedy_selection import SkewedPathLaw, num_iid_drafts, select_greedy_path
 from verispec.verify.modification import ModificationWindow, SkewedDraftJoint
 
@@ -32,16 +32,16 @@ class SpecTrGBVStar(Verifier):
         rows, target_rows, draft_rows = path_rows(tree, path)
         tokens = tree.tokens[list(path)]
         law = SkewedPathLaw(target_rows, draft_rows, tokens, num_drafts)
-        tau, dist, guard = greedy_block_verify_path(rng, target_rows, law, tokens, law.token_probs)
-        next_token = rng.categorical(dist)
+        tau, next_token, guard = greedy_block_draw(rng, tree, rows, law, tokens, law.token_probs)
         window = None
         remaining = len(path) - 1 - tau
         if remaining > 0:
             state = SkewedDraftJoint(float(law.below[tau]), float(law.mass[tau]), num_drafts)
-            target, draft = tree.target.row(rows[tau]), tree.draft.row(rows[tau])
             log_p = sum(safe_log(tree.target.prob(rows[j], tokens[j])) for j in range(tau))
             window = ModificationWindow(
-                log_p + safe_log(target[next_token]), state.advance(next_token, target, draft), remaining
+                log_p + safe_log(tree.target.prob(rows[tau], next_token)),
+                state.advance_on_supports(next_token, *target_rows.support(tau), *draft_rows.support(tau)),
+                remaining,
             )
         return result_at(
             tree, rows[tau], next_token, tau == len(path), modification=window, diagnostics={"residual_guard_hits": guard}
