@@ -26,6 +26,10 @@ sum_x min(p, q) ~ 0.7 per position at T = 1. Tree shapes for n nodes:
     tree rules (nss, traversal, rrsw)  [K, 1, ..., 1] without replacement, K = 4 (8 at n = 65)
     rrs                                the same shape with i.i.d. children
     spechub                            [2, 1, ..., 1] SpecHub pairs
+    qfree                              a DETERMINISTIC candidate tree of the same [K, 1, ..., 1]
+                                       shape: the draft's top-K tokens at the root, then the draft's
+                                       argmax chain under each (as the token-tree drafter's
+                                       adjacency top-k; nothing sampled, q never read)
 Times: torch and BLAS at 1 thread, garbage collector paused, median and p90 over
 --repeats x --trees rounds per cell.
 """
@@ -45,16 +49,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from verispec.core.rng import SeededRng  # noqa: E402
-from verispec.core.rows import LogitRows  # noqa: E402
+from verispec.core.rows import LogitRows, NodeRows  # noqa: E402
 from verispec.core.sampling import SamplingParams, logits_to_probs  # noqa: E402
 from verispec.core.tree import DraftScheme, DraftTree  # noqa: E402
-from verispec.draft.samplers import sample_iid_paths, sample_tree  # noqa: E402
+from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree  # noqa: E402
 from verispec.verify.registry import get_method  # noqa: E402
 
-DEFAULT_RULES = ["sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub", "spectr", "gmpbv", "spectr-gbv-star"]
+DEFAULT_RULES = ["sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub", "qfree", "spectr", "gmpbv", "spectr-gbv-star"]
 SINGLE_PASS_GOAL_MS = 3.0  # at V = 128,256 and 33 nodes (issue 16)
 MULTI_GOAL_MS = 10.0
-GOALS = {**{r: SINGLE_PASS_GOAL_MS for r in ("sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub")},
+GOALS = {**{r: SINGLE_PASS_GOAL_MS for r in ("sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub", "qfree")},
          **{r: MULTI_GOAL_MS for r in ("spectr", "gmpbv", "spectr-gbv-star")}}
 SAMPLING = [SamplingParams(0.0), SamplingParams(0.6, top_p=0.95)]
 NOISE = 0.6
@@ -88,9 +92,37 @@ class DraftFn:
         return self.batch_probs([prefix])[0]
 
 
+def tree_width(nodes: int) -> int:
+    return 4 if nodes <= 33 else 8
+
+
+def deterministic_skeleton(nodes: int, bank: LogitBank) -> DraftSkeleton:
+    """qfree's candidate tree (DraftScheme.DETERMINISTIC): the top-K draft tokens at the root,
+    then under each the draft's argmax chain, K x depth // K nodes below the root. Chosen by a
+    rule, not sampled, so it has no q: the draft rows are all zero."""
+    width = tree_width(nodes)
+    tokens, parents, prefixes = [-1], [-1], [()]
+
+    def add(parent: int, token: int) -> int:
+        tokens.append(int(token))
+        parents.append(parent)
+        prefixes.append(prefixes[parent] + (int(token),))
+        return len(tokens) - 1
+
+    for token in torch.topk(bank.draft[bank.row_of(())], width).indices.tolist():
+        node = add(0, token)
+        for _ in range((nodes - 1) // width - 1):
+            node = add(node, int(bank.draft[bank.row_of(prefixes[node])].argmax()))
+    vocab = bank.draft.shape[1]
+    return DraftSkeleton(tuple(tokens), tuple(parents), NodeRows({}, len(tokens), vocab), DraftScheme.DETERMINISTIC,
+                         (), tuple(prefixes))
+
+
 def draw_skeleton(rule: str, nodes: int, rng, draft_fn):
     spec = get_method(rule)
     depth = nodes - 1
+    if spec.tree_scheme is DraftScheme.DETERMINISTIC:
+        return deterministic_skeleton(nodes, draft_fn.bank)
     if spec.draft == "chain":
         return sample_iid_paths(rng, draft_fn, 1, depth)
     if spec.draft == "paths":
@@ -98,7 +130,7 @@ def draw_skeleton(rule: str, nodes: int, rng, draft_fn):
         return sample_iid_paths(rng, draft_fn, num_drafts, depth // num_drafts)
     if rule == "spechub":
         return sample_tree(rng, draft_fn, [2] + [1] * (depth // 2 - 1), DraftScheme.SPECHUB_PAIR)
-    width = 4 if nodes <= 33 else 8
+    width = tree_width(nodes)
     scheme = DraftScheme.IID_TREE if rule == "rrs" else DraftScheme.WITHOUT_REPLACEMENT
     return sample_tree(rng, draft_fn, [width] + [1] * (depth // width - 1), scheme)
 

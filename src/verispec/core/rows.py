@@ -198,15 +198,14 @@ class RowState:
     support: tuple[np.ndarray, np.ndarray] | None
 
 
-def _order_by_value_then_id(scaled: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(s, ids) sorted by s descending, then id ascending (scaled: float32 <= 0 or -inf; ids <
-    2^32). One sort of distinct int64 keys (bits of -s above the id; non-negative floats order
-    like their bit patterns), several times faster than a stable argsort of the floats; s comes
-    back exactly from its bits (the sign of a zero aside, which no comparison or exp sees)."""
+def _order_by_value_then_position(scaled: np.ndarray) -> np.ndarray:
+    """Positions of ``scaled`` (float32, <= 0 or -inf) by value descending, then position
+    ascending (= id ascending for candidates listed by ascending id): one sort of distinct int64
+    keys, the bits of -s above the position (non-negative floats order like their bit patterns),
+    several times faster than a stable argsort of the floats."""
     flipped = -scaled + np.float32(0.0)  # >= 0, and -0.0 + 0.0 = +0.0
-    keys = np.sort((flipped.view(np.uint32).astype(np.int64) << 32) | ids.astype(np.int64))
-    ordered_scaled = -(keys >> 32).astype(np.uint32).view(np.float32)
-    return ordered_scaled, keys & 0xFFFFFFFF
+    keys = (flipped.view(np.uint32).astype(np.int64) << 32) | np.arange(len(scaled), dtype=np.int64)
+    return np.sort(keys) & 0xFFFFFFFF
 
 
 class _HostKernels:
@@ -534,24 +533,26 @@ class LogitRows(Rows):
         """The top-p cut inside candidates (ids ascending, their s; an upper set of the order
         (s desc, id asc)): the most probable in that order until their mass, exp(s - log_z) summed
         in float64, reaches top_p. None when the candidates' mass falls short (unless ``final``:
-        then all of them)."""
+        then all of them); that is seen before sorting anything."""
         if not len(ids):
             return None
-        ordered_scaled, ordered_ids = _order_by_value_then_id(scaled, ids)
+        threshold = self.params.top_p - TOP_P_SLACK
         with np.errstate(under="ignore"):
-            cumulative = np.cumsum(np.exp(ordered_scaled.astype(np.float64) - log_z))
-        crossing = int(np.searchsorted(cumulative, self.params.top_p - TOP_P_SLACK))
-        if crossing >= len(ids):
-            if not final:
+            weights = np.exp(scaled.astype(np.float64) - log_z)
+            if not final and weights.sum() < threshold:
                 return None
-            crossing = len(ids) - 1
-        log_norm = log_z + math.log(float(cumulative[crossing]))
-        by_id = np.argsort(ordered_ids[: crossing + 1])  # distinct ids: any sort gives ascending ids
-        kept_ids, kept_scaled = ordered_ids[by_id], ordered_scaled[by_id]
-        with np.errstate(under="ignore"):
-            values = np.exp(kept_scaled.astype(np.float64) - log_norm)
-        return RowState(shift, log_norm, kth, float(ordered_scaled[crossing]), int(ordered_ids[crossing]), (kept_ids, values))
-
+            order = _order_by_value_then_position(scaled)
+            cumulative = np.cumsum(weights[order])
+            crossing = int(np.searchsorted(cumulative, threshold))
+            if crossing >= len(ids):
+                if not final:
+                    return None
+                crossing = len(ids) - 1
+            log_norm = log_z + math.log(float(cumulative[crossing]))
+            kept = np.sort(order[: crossing + 1])  # positions ascending: ids ascending
+            values = np.exp(scaled[kept].astype(np.float64) - log_norm)
+        cut = order[crossing]
+        return RowState(shift, log_norm, kth, float(scaled[cut]), int(ids[cut]), (ids[kept], values))
 
     # ----- the interface ------------------------------------------------------------------------
     def _entries(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
