@@ -32,6 +32,15 @@ sum_x min(p, q) ~ 0.7 per position at T = 1. Tree shapes for n nodes:
                                        adjacency top-k; nothing sampled, q never read)
 Times: torch and BLAS at 1 thread, garbage collector paused, median and p90 over
 --repeats x --trees rounds per cell.
+
+    python benchmarks/round_overhead.py --row-cost --json FILE [--vocab ...] [--repeats 5]
+
+measures instead the cost of ONE touched target row (the unit the lazy rows pay per row a rule
+visits), interleaved per row over the rows of the synthetic bank (--nodes max of them):
+  before  ``logits_to_probs`` of that row alone (the dense path's per-row work)
+  entry   a fresh ``LogitRows`` and probs_of of one token there (the acceptance tests' read)
+  support a fresh ``LogitRows`` and support() of the row (what a residual or a draw reads)
+Records: {"measure", "vocab", "temperature", "top_p", "median_ms", "p90_ms", "rows"}.
 """
 
 from __future__ import annotations
@@ -190,6 +199,50 @@ def measure(rule, vocab, nodes, params, bank, repeats, num_trees, seed):
     return records
 
 
+def measure_row_cost(vocab: int, rows: int, params: SamplingParams, repeats: int, seed: int) -> list[dict]:
+    bank = LogitBank(vocab, rows, seed)
+    logits = bank.target
+    variants = {
+        "before": lambda i: logits_to_probs(logits[i : i + 1], params),
+        "entry": lambda i: LogitRows(logits, params).probs_of([i], [i]),
+        "support": lambda i: LogitRows(logits, params).support(i),
+    }
+    times = {name: [] for name in variants}
+    names = list(variants)
+    gc.disable()
+    try:
+        for repeat in range(repeats):
+            for i in range(rows):
+                shift = (repeat + i) % len(names)  # rotate the order per row
+                for name in names[shift:] + names[:shift]:
+                    tic = time.perf_counter()
+                    variants[name](i)
+                    times[name].append(time.perf_counter() - tic)
+    finally:
+        gc.enable()
+    return [{"measure": name, "vocab": vocab, "temperature": params.temperature, "top_p": params.top_p,
+             "median_ms": float(np.median(np.array(ms) * 1e3)), "p90_ms": float(np.percentile(np.array(ms) * 1e3, 90)),
+             "rows": len(ms)} for name, ms in times.items()]
+
+
+def row_cost_main(args) -> None:
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; ms per touched "
+          f"target row, median (p90) over {args.repeats} x {max(args.nodes)} rows, variants interleaved")
+    header = f"{'V':>7} {'T':>4} {'top_p':>5} | {'before':>14} | {'entry':>14} | {'support':>14}"
+    print(header)
+    print("-" * len(header))
+    records = []
+    for vocab in args.vocab:
+        for params in SAMPLING:
+            cell = measure_row_cost(vocab, max(args.nodes), params, args.repeats, args.seed)
+            records.extend(cell)
+            cols = " | ".join(f"{r['median_ms']:6.3f} ({r['p90_ms']:5.3f})" for r in cell)
+            print(f"{vocab:7d} {params.temperature:4g} {params.top_p:5g} | {cols}", flush=True)
+    with open(args.json, "w") as handle:
+        json.dump(records, handle, indent=1)
+    print(f"wrote {len(records)} records to {args.json}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", required=True, help="write the records to this JSON file")
@@ -199,8 +252,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trees", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--row-cost", action="store_true", help="measure one touched target row instead of rounds")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.row_cost:
+        row_cost_main(args)
+        return
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; "
           f"median / p90 ms per round over {args.repeats} x {args.trees} rounds, before/after interleaved")
     header = f"{'rule':16} {'V':>7} {'n':>3} {'T':>4} {'top_p':>5} | {'before med':>10} {'p90':>7} | {'after med':>9} {'p90':>7} | {'x':>6} | {'draft':>7} | goal"

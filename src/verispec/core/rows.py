@@ -210,8 +210,10 @@ def _order_by_value_then_position(scaled: np.ndarray) -> np.ndarray:
 
 class _HostKernels:
     """The passes over V for logits on the CPU: NumPy on views of the rows (no copies; float32
-    rows are read in place, other dtypes are converted once per touched row), torch's exp2 on the
-    same memory for the mass (its vectorised exp2 is the fastest exponential on this CPU)."""
+    rows are read in place, other dtypes are converted once per touched row; comparisons, argmax
+    and flatnonzero are several times faster in NumPy than in torch here), and torch's
+    exponentials on the same memory for the mass (its vectorised exp2 is the fastest
+    exponential on this CPU; NumPy's float32 exp is slower than torch's)."""
 
     def __init__(self, logits: torch.Tensor):
         self.tensor = logits
