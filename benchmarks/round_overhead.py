@@ -26,8 +26,21 @@ sum_x min(p, q) ~ 0.7 per position at T = 1. Tree shapes for n nodes:
     tree rules (nss, traversal, rrsw)  [K, 1, ..., 1] without replacement, K = 4 (8 at n = 65)
     rrs                                the same shape with i.i.d. children
     spechub                            [2, 1, ..., 1] SpecHub pairs
+    qfree                              a DETERMINISTIC candidate tree of the same [K, 1, ..., 1]
+                                       shape: the draft's top-K tokens at the root, then the draft's
+                                       argmax chain under each (as the token-tree drafter's
+                                       adjacency top-k; nothing sampled, q never read)
 Times: torch and BLAS at 1 thread, garbage collector paused, median and p90 over
 --repeats x --trees rounds per cell.
+
+    python benchmarks/round_overhead.py --row-cost --json FILE [--vocab ...] [--repeats 5]
+
+measures instead the cost of ONE touched target row (the unit the lazy rows pay per row a rule
+visits), interleaved per row over the rows of the synthetic bank (--nodes max of them):
+  before  ``logits_to_probs`` of that row alone (the dense path's per-row work)
+  entry   a fresh ``LogitRows`` and probs_of of one token there (the acceptance tests' read)
+  support a fresh ``LogitRows`` and support() of the row (what a residual or a draw reads)
+Records: {"measure", "vocab", "temperature", "top_p", "median_ms", "p90_ms", "rows"}.
 """
 
 from __future__ import annotations
@@ -45,16 +58,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from verispec.core.rng import SeededRng  # noqa: E402
-from verispec.core.rows import LogitRows  # noqa: E402
+from verispec.core.rows import LogitRows, NodeRows  # noqa: E402
 from verispec.core.sampling import SamplingParams, logits_to_probs  # noqa: E402
 from verispec.core.tree import DraftScheme, DraftTree  # noqa: E402
-from verispec.draft.samplers import sample_iid_paths, sample_tree  # noqa: E402
+from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree  # noqa: E402
 from verispec.verify.registry import get_method  # noqa: E402
 
-DEFAULT_RULES = ["sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub", "spectr", "gmpbv", "spectr-gbv-star"]
+DEFAULT_RULES = ["sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub", "qfree", "spectr", "gmpbv", "spectr-gbv-star"]
 SINGLE_PASS_GOAL_MS = 3.0  # at V = 128,256 and 33 nodes (issue 16)
 MULTI_GOAL_MS = 10.0
-GOALS = {**{r: SINGLE_PASS_GOAL_MS for r in ("sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub")},
+GOALS = {**{r: SINGLE_PASS_GOAL_MS for r in ("sd", "bv", "nss", "traversal", "rrsw", "rrs", "spechub", "qfree")},
          **{r: MULTI_GOAL_MS for r in ("spectr", "gmpbv", "spectr-gbv-star")}}
 SAMPLING = [SamplingParams(0.0), SamplingParams(0.6, top_p=0.95)]
 NOISE = 0.6
@@ -88,9 +101,37 @@ class DraftFn:
         return self.batch_probs([prefix])[0]
 
 
+def tree_width(nodes: int) -> int:
+    return 4 if nodes <= 33 else 8
+
+
+def deterministic_skeleton(nodes: int, bank: LogitBank) -> DraftSkeleton:
+    """qfree's candidate tree (DraftScheme.DETERMINISTIC): the top-K draft tokens at the root,
+    then under each the draft's argmax chain, K x depth // K nodes below the root. Chosen by a
+    rule, not sampled, so it has no q: the draft rows are all zero."""
+    width = tree_width(nodes)
+    tokens, parents, prefixes = [-1], [-1], [()]
+
+    def add(parent: int, token: int) -> int:
+        tokens.append(int(token))
+        parents.append(parent)
+        prefixes.append(prefixes[parent] + (int(token),))
+        return len(tokens) - 1
+
+    for token in torch.topk(bank.draft[bank.row_of(())], width).indices.tolist():
+        node = add(0, token)
+        for _ in range((nodes - 1) // width - 1):
+            node = add(node, int(bank.draft[bank.row_of(prefixes[node])].argmax()))
+    vocab = bank.draft.shape[1]
+    return DraftSkeleton(tuple(tokens), tuple(parents), NodeRows({}, len(tokens), vocab), DraftScheme.DETERMINISTIC,
+                         (), tuple(prefixes))
+
+
 def draw_skeleton(rule: str, nodes: int, rng, draft_fn):
     spec = get_method(rule)
     depth = nodes - 1
+    if spec.tree_scheme is DraftScheme.DETERMINISTIC:
+        return deterministic_skeleton(nodes, draft_fn.bank)
     if spec.draft == "chain":
         return sample_iid_paths(rng, draft_fn, 1, depth)
     if spec.draft == "paths":
@@ -98,7 +139,7 @@ def draw_skeleton(rule: str, nodes: int, rng, draft_fn):
         return sample_iid_paths(rng, draft_fn, num_drafts, depth // num_drafts)
     if rule == "spechub":
         return sample_tree(rng, draft_fn, [2] + [1] * (depth // 2 - 1), DraftScheme.SPECHUB_PAIR)
-    width = 4 if nodes <= 33 else 8
+    width = tree_width(nodes)
     scheme = DraftScheme.IID_TREE if rule == "rrs" else DraftScheme.WITHOUT_REPLACEMENT
     return sample_tree(rng, draft_fn, [width] + [1] * (depth // width - 1), scheme)
 
@@ -158,6 +199,50 @@ def measure(rule, vocab, nodes, params, bank, repeats, num_trees, seed):
     return records
 
 
+def measure_row_cost(vocab: int, rows: int, params: SamplingParams, repeats: int, seed: int) -> list[dict]:
+    bank = LogitBank(vocab, rows, seed)
+    logits = bank.target
+    variants = {
+        "before": lambda i: logits_to_probs(logits[i : i + 1], params),
+        "entry": lambda i: LogitRows(logits, params).probs_of([i], [i]),
+        "support": lambda i: LogitRows(logits, params).support(i),
+    }
+    times = {name: [] for name in variants}
+    names = list(variants)
+    gc.disable()
+    try:
+        for repeat in range(repeats):
+            for i in range(rows):
+                shift = (repeat + i) % len(names)  # rotate the order per row
+                for name in names[shift:] + names[:shift]:
+                    tic = time.perf_counter()
+                    variants[name](i)
+                    times[name].append(time.perf_counter() - tic)
+    finally:
+        gc.enable()
+    return [{"measure": name, "vocab": vocab, "temperature": params.temperature, "top_p": params.top_p,
+             "median_ms": float(np.median(np.array(ms) * 1e3)), "p90_ms": float(np.percentile(np.array(ms) * 1e3, 90)),
+             "rows": len(ms)} for name, ms in times.items()]
+
+
+def row_cost_main(args) -> None:
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; ms per touched "
+          f"target row, median (p90) over {args.repeats} x {max(args.nodes)} rows, variants interleaved")
+    header = f"{'V':>7} {'T':>4} {'top_p':>5} | {'before':>14} | {'entry':>14} | {'support':>14}"
+    print(header)
+    print("-" * len(header))
+    records = []
+    for vocab in args.vocab:
+        for params in SAMPLING:
+            cell = measure_row_cost(vocab, max(args.nodes), params, args.repeats, args.seed)
+            records.extend(cell)
+            cols = " | ".join(f"{r['median_ms']:6.3f} ({r['p90_ms']:5.3f})" for r in cell)
+            print(f"{vocab:7d} {params.temperature:4g} {params.top_p:5g} | {cols}", flush=True)
+    with open(args.json, "w") as handle:
+        json.dump(records, handle, indent=1)
+    print(f"wrote {len(records)} records to {args.json}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", required=True, help="write the records to this JSON file")
@@ -167,8 +252,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trees", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--row-cost", action="store_true", help="measure one touched target row instead of rounds")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.row_cost:
+        row_cost_main(args)
+        return
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; "
           f"median / p90 ms per round over {args.repeats} x {args.trees} rounds, before/after interleaved")
     header = f"{'rule':16} {'V':>7} {'n':>3} {'T':>4} {'top_p':>5} | {'before med':>10} {'p90':>7} | {'after med':>9} {'p90':>7} | {'x':>6} | {'draft':>7} | goal"

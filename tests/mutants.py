@@ -37,6 +37,8 @@ FAST_BELOW_TESTS = "tests/verify/test_below_mass_fast.py"
 BRANCHING = "tests/verify/test_branching_roots.py"
 EDGES = "tests/verify/test_edge_cases.py"
 TREE_TESTS = "tests/core/test_tree.py"
+ROWS = "core/rows.py"
+ROWS_TESTS = "tests/core/test_rows.py"
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,61 @@ MUTANTS += [
         "DraftTree.validate accepts repeated sibling tokens in a trie / without-replacement tree",
         (("core/tree.py", "                if len(set(tokens)) != len(tokens):", "                if False:"),),
         (TREE_TESTS,),
+    ),
+]
+
+
+# the lazy row providers (core.rows, issue 16): what the engine's rows are made of
+MUTANTS += [
+    Mutant(
+        "rows_cut_token_entry_dropped",
+        "LogitRows entries drop the token that crosses top_p (kept only ties BELOW its id), the support keeps it",
+        ((ROWS, "((scaled == s_cut) & (tokens <= id_cut))", "((scaled == s_cut) & (tokens < id_cut))"),),
+        (ROWS_TESTS,),
+    ),
+    Mutant(
+        "rows_nucleus_ties_by_higher_id",
+        "the nucleus orders tokens tied in p by DEscending id (keeps the highest ids at the cut)",
+        ((ROWS, "np.arange(len(scaled), dtype=np.int64)\n", "np.arange(len(scaled), dtype=np.int64)[::-1]\n"),),
+        (ROWS_TESTS,),
+    ),
+    Mutant(
+        "rows_mass_without_temperature",
+        "the top-p mass over V forgets 1/T in the exp2 factor (normaliser of T = 1: wrong cut)",
+        ((ROWS, "out[i] = float(buffer.mul_(LOG2_E / temperature).exp2_().sum())",
+          "out[i] = float(buffer.mul_(LOG2_E).exp2_().sum())"),),
+        (ROWS_TESTS,),
+    ),
+    Mutant(
+        "rows_untruncated_mass_float32",
+        "the normaliser of an untruncated row accumulated in float32 (off by 1.6e-6 on a long flat tail)",
+        ((ROWS, "out[i] = float(buffer.div_(temperature).exp_().sum(dtype=torch.float64))",
+          "out[i] = float(buffer.div_(temperature).exp_().sum())"),),
+        (ROWS_TESTS,),
+    ),
+    Mutant(
+        "rows_top_k_candidates_above_the_cut",
+        "top-k candidates found as {logit > l_k}: the k-th token and its ties are lost",
+        ((ROWS, "-np.inf if kth == -np.inf else self._threshold_below(kth, shift)", "kth"),),
+        (ROWS_TESTS,),
+    ),
+    Mutant(
+        "rows_support_in_probability_order",
+        "the nucleus support listed in probability order instead of ascending ids",
+        ((ROWS, "kept = np.sort(order[: crossing + 1])", "kept = order[: crossing + 1]"),),
+        (ROWS_TESTS,),
+    ),
+    Mutant(
+        "rows_entries_not_truncated",
+        "LogitRows entries (probs_of, gather) skip the truncation mask: tokens outside the nucleus get p > 0",
+        ((ROWS, "        return np.where(kept, values, 0.0)\n", "        return values\n"),),
+        (ROWS_TESTS,),
+    ),
+    Mutant(
+        "rows_greedy_rows_unchecked",
+        "greedy rows are not checked: the argmax of a NaN / +inf / all -inf row is used",
+        ((ROWS, "        self._check_rows(values, missing)\n", "\n"),),
+        (ROWS_TESTS,),
     ),
 ]
 

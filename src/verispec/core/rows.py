@@ -38,16 +38,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from verispec.core.rng import Rng
-from verispec.errors import InvalidDistributionError
-
-# Candidates read by the first partial selection of a top-p row; nuclei are usually far smaller
-# than the vocabulary (the same start as core.sampling._top_p_mask, grown x4 when too small).
-TOP_P_FIRST_CANDIDATES = 64
+from verispec.errors import ConfigError, InvalidDistributionError
 
 
 class Rows:
@@ -125,6 +122,7 @@ class NodeRows(Rows):
         self.num_rows, self.vocab_size, self.greedy = int(num_rows), int(vocab_size), bool(greedy)
         self._zero: np.ndarray | None = None
         self._dense: np.ndarray | None = None
+        self._support: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def row(self, node: int) -> np.ndarray:
         found = self.rows.get(int(node))
@@ -141,58 +139,291 @@ class NodeRows(Rows):
     def probs_of(self, nodes, tokens) -> np.ndarray:
         return np.array([self.prob(n, t) for n, t in zip(nodes, tokens)], dtype=np.float64)
 
+    def support(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """The positive entries of the node's row (cached: one pass over V per node); a node
+        without a row has an empty support."""
+        node = int(node)
+        cached = self._support.get(node)
+        if cached is None:
+            found = self.rows.get(node)
+            if found is None:
+                cached = (np.zeros(0, dtype=np.int64), np.zeros(0))
+            else:
+                ids = np.flatnonzero(found > 0)
+                cached = (ids, found[ids])
+            self._support[node] = cached
+        return cached
+
+    def gather(self, node: int, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        found = self.rows.get(int(node))
+        return np.zeros(ids.shape) if found is None else found[ids]
+
     def dense(self) -> np.ndarray:
         if self._dense is None:  # built once: rules that read every row ask for it repeatedly
             self._dense = super().dense()
         return self._dense
 
 
-class LogitRows(Rows):
-    """Processed rows of raw logits, computed on demand on the logits' device (ALGORITHMS.md §1
-    rule 1; same semantics as ``core.sampling.logits_to_probs``, which builds every row densely).
+# log2(e): exp(x) = exp2(x log2 e); torch's float32 exp2 runs at about twice the speed of its exp
+LOG2_E = 1.0 / math.log(2.0)
+# p-thresholds of the top-p candidate passes over V, tried in turn; the last one, (1 - top_p) / (4 V),
+# is appended per row (below it the rest provably holds less than 1 - top_p). Within the first
+# pass the nucleus is sought among p > NUCLEUS_FIRST_EPSILON first (fewer tokens to sort).
+NUCLEUS_PASS_EPSILONS = (3e-5, 1e-6)
+NUCLEUS_FIRST_EPSILON = 1e-3
+# slack of the crossing test, as core.sampling._top_p_mask: a nucleus whose mass equals top_p up
+# to rounding is complete
+TOP_P_SLACK = 1e-12
 
-    logits: (n, V) tensor, any float dtype, any device; params: ``SamplingParams``.
 
-    Per touched row the provider computes once, batched over the rows asked for together:
-      shift    the row's max logit (float32 arithmetic, as the softmax of logits_to_probs)
-      scaled   s(x) = (logit(x) - shift) / T, float32 on the device
-      keep     top-k: s(x) >= s_(k) (ties at the k-th value kept, as logits_to_probs); top-p: the
-               most probable tokens by (s desc, id asc) until their mass reaches top_p, found by a
-               partial selection (``torch.topk`` of 64, then 256, ...) instead of a full sort; the
-               kept set is {s > s_cut} U {s == s_cut and id <= id_cut} (ties at the cut by id,
-               exactly ``core.sampling._top_p_mask``)
-      log_z    log of the kept mass of exp(s), float64
-    and p(x) = exp(float64(s(x)) - log_z) on kept tokens, 0 elsewhere.
+@dataclass(frozen=True)
+class RowState:
+    """What a touched row of ``LogitRows`` keeps (the entries follow from it and one logit each).
 
-    Precision: the sum over the vocabulary is accumulated in float32 (one pass over V, the same
-    arithmetic as today's float32 softmax: relative error ~1e-7 on every p(x), far below the 1e-6
-    every probability vector is checked against); everything a rule divides or compares (the
-    entries, log_z, the top-p cumulative masses, ratios) is float64 (ALGORITHMS.md §1 rule 2).
-
-    Greedy (T = 0): rows are point masses at the argmax (lowest id on ties, as logits_to_probs);
-    prob() compares with the argmax and no one-hot vector is built unless row() is called.
-    NaN, +inf or all -inf logits raise InvalidDistributionError when their row is touched.
+    shift     the row's max logit (float32): s(x) = float32((logit(x) - shift) / T), max s = 0
+    log_norm  log of the kept mass of exp(s) (float64); p(x) = exp(float64(s(x)) - log_norm)
+    kth       top-k cut on s: kept iff s >= kth (-inf without top-k)
+    s_cut     top-p cut on s: kept iff s > s_cut, or s == s_cut and id <= id_cut (-inf without)
+    id_cut    the id of the token that crosses top_p (ties at s_cut are kept up to it)
+    support   (ids ascending int64, p at them float64) of a truncated row (top-k or top-p);
+              None: every token with s > -inf is kept and the support is the whole vocabulary
     """
 
-    def __init__(self, logits: torch.Tensor, params):
+    shift: np.float32
+    log_norm: float
+    kth: float
+    s_cut: float
+    id_cut: int
+    support: tuple[np.ndarray, np.ndarray] | None
+
+
+def _order_by_value_then_position(scaled: np.ndarray) -> np.ndarray:
+    """Positions of ``scaled`` (float32, <= 0 or -inf) by value descending, then position
+    ascending (= id ascending for candidates listed by ascending id): one sort of distinct int64
+    keys, the bits of -s above the position (non-negative floats order like their bit patterns),
+    several times faster than a stable argsort of the floats."""
+    flipped = -scaled + np.float32(0.0)  # >= 0, and -0.0 + 0.0 = +0.0
+    keys = (flipped.view(np.uint32).astype(np.int64) << 32) | np.arange(len(scaled), dtype=np.int64)
+    return np.sort(keys) & 0xFFFFFFFF
+
+
+class _HostKernels:
+    """The passes over V for logits on the CPU: NumPy on views of the rows (no copies; float32
+    rows are read in place, other dtypes are converted once per touched row; comparisons, argmax
+    and flatnonzero are several times faster in NumPy than in torch here), and torch's
+    exponentials on the same memory for the mass (its vectorised exp2 is the fastest
+    exponential on this CPU; NumPy's float32 exp is slower than torch's)."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.tensor = logits
+        # a NumPy view shares the tensor's memory and strides: nothing is copied
+        self.array = logits.numpy() if logits.dtype == torch.float32 else None
+        self._converted: dict[int, np.ndarray] = {}
+        self._buffer: torch.Tensor | None = None
+
+    def row(self, node: int) -> np.ndarray:
+        """(V,) float32 NumPy row (a view when the logits are float32)."""
+        if self.array is not None:
+            return self.array[node]
+        found = self._converted.get(node)
+        if found is None:
+            found = self._converted[node] = self.tensor[node].float().numpy()
+        return found
+
+    def maxima(self, nodes: Sequence[int]) -> np.ndarray:
+        return np.array([self.row(n).max() for n in nodes], dtype=np.float32)  # NaN propagates
+
+    def masses(self, nodes: Sequence[int], maxima: np.ndarray, temperature: float, exact_terms: bool) -> np.ndarray:
+        """sum_x exp(s(x)) per row (see ``LogitRows``: fast = exp2 terms and float32
+        accumulation, exact_terms = exp of the float32 s itself and float64 accumulation)."""
+        if self._buffer is None:
+            self._buffer = torch.empty(self.tensor.shape[1], dtype=torch.float32)
+        buffer = self._buffer
+        out = np.empty(len(nodes))
+        for i, node in enumerate(nodes):
+            torch.sub(torch.from_numpy(self.row(node)), float(maxima[i]), out=buffer)
+            if exact_terms:
+                out[i] = float(buffer.div_(temperature).exp_().sum(dtype=torch.float64))
+            else:
+                out[i] = float(buffer.mul_(LOG2_E / temperature).exp2_().sum())
+        return out
+
+    def above(self, nodes: Sequence[int], thresholds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per row (ids ascending, float32 logits) of the entries with logit > threshold."""
+        found = []
+        for node, threshold in zip(nodes, thresholds):
+            row = self.row(node)
+            ids = np.flatnonzero(row > np.float32(threshold))
+            found.append((ids, row[ids]))
+        return found
+
+    def kth_largest(self, nodes: Sequence[int], k: int) -> np.ndarray:
+        return np.array([torch.topk(torch.from_numpy(self.row(n)), k).values[-1].item() for n in nodes], dtype=np.float32)
+
+    def argmax(self, nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(first maximal id, the logit there) per row. NumPy's argmax returns the first NaN of a
+        row holding one, so a non-finite value at the argmax flags NaN, +inf and all -inf rows."""
+        ids = np.empty(len(nodes), dtype=np.int64)
+        values = np.empty(len(nodes), dtype=np.float32)
+        if self.array is not None:
+            # runs of consecutive rows are read as one 2-D view (np.argmax over a slice copies nothing)
+            order = np.argsort(nodes, kind="stable")
+            sorted_nodes = np.asarray(nodes, dtype=np.int64)[order]
+            breaks = np.flatnonzero(np.diff(sorted_nodes) != 1) + 1
+            for positions in np.split(np.arange(len(nodes)), breaks):
+                first, last = int(sorted_nodes[positions[0]]), int(sorted_nodes[positions[-1]])
+                block = self.array[first : last + 1]
+                found = np.argmax(block, axis=1)
+                ids[order[positions]] = found
+                values[order[positions]] = block[np.arange(len(found)), found]
+            return ids, values
+        for i, node in enumerate(nodes):
+            row = self.row(node)
+            ids[i] = int(np.argmax(row))
+            values[i] = row[ids[i]]
+        return ids, values
+
+    def entries(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        if self.array is not None:
+            return self.array[nodes, tokens]
+        return self.tensor[torch.from_numpy(nodes), torch.from_numpy(tokens)].float().numpy()
+
+    def full_row(self, node: int) -> np.ndarray:
+        return self.row(node)
+
+
+class _DeviceKernels:
+    """The passes over V in torch on the logits' device (a GPU: rows selected together are
+    processed as one batch, and only small results travel to the host). Also runs on CPU tensors,
+    which is how the tests check it against ``_HostKernels``."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.tensor = logits
+
+    def _rows(self, nodes: Sequence[int]) -> torch.Tensor:
+        index = torch.as_tensor(list(nodes), dtype=torch.long, device=self.tensor.device)
+        return self.tensor.index_select(0, index).float()
+
+    def maxima(self, nodes: Sequence[int]) -> np.ndarray:
+        return self._rows(nodes).amax(dim=-1).cpu().numpy()  # NaN anywhere in a row makes its max NaN
+
+    def masses(self, nodes: Sequence[int], maxima: np.ndarray, temperature: float, exact_terms: bool) -> np.ndarray:
+        shifted = self._rows(nodes).sub_(torch.as_tensor(maxima, device=self.tensor.device)[:, None])
+        if exact_terms:
+            return shifted.div_(temperature).exp_().sum(dim=-1, dtype=torch.float64).cpu().numpy()
+        return shifted.mul_(LOG2_E / temperature).exp2_().sum(dim=-1).double().cpu().numpy()
+
+    def above(self, nodes: Sequence[int], thresholds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        rows = self._rows(nodes)
+        cut = torch.as_tensor(np.asarray(thresholds, dtype=np.float32), device=rows.device)
+        mask = rows > cut[:, None]
+        positions = mask.nonzero().cpu().numpy()  # row-major: ids ascending within each row
+        values = rows[mask].cpu().numpy()
+        bounds = np.searchsorted(positions[:, 0], np.arange(len(nodes) + 1))
+        return [(positions[a:b, 1].astype(np.int64), values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def kth_largest(self, nodes: Sequence[int], k: int) -> np.ndarray:
+        return torch.topk(self._rows(nodes), k, dim=-1).values[:, -1].cpu().numpy()
+
+    def argmax(self, nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        rows = self._rows(nodes)
+        # amax propagates NaN (documented); the first maximal index is torch's documented argmax
+        return rows.argmax(dim=-1).cpu().numpy().astype(np.int64), rows.amax(dim=-1).cpu().numpy()
+
+    def entries(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        device = self.tensor.device
+        return self.tensor[torch.as_tensor(nodes, device=device), torch.as_tensor(tokens, device=device)].float().cpu().numpy()
+
+    def full_row(self, node: int) -> np.ndarray:
+        return self.tensor[int(node)].float().cpu().numpy()
+
+
+KERNELS = ("auto", "host", "device")
+
+
+class LogitRows(Rows):
+    """Processed rows of raw logits, computed on demand (ALGORITHMS.md §1 rule 1; same semantics
+    as ``core.sampling.logits_to_probs``, which builds every row densely).
+
+    logits: (n, V) tensor, any float dtype, any device; params: ``SamplingParams``;
+    kernels: where the passes over V run: "host" (NumPy on views of CPU logits), "device" (torch
+    on the logits' device, batched over rows), "auto" (host for CPU tensors, else device).
+
+    Every entry goes through ONE float32 expression, ``scaled``:
+        s(x) = float32((logit(x) - shift) / T),   shift = the row's max logit, so max s = 0,
+    computed in NumPy on the host from the float32 logit, whichever kernels found the row's
+    cuts; then p(x) = exp(float64(s(x)) - log_norm) on kept tokens, 0 elsewhere. prob(),
+    probs_of(), row(), support() and gather() all evaluate exactly this, so they agree bit for bit.
+
+    Per touched row, the passes over V (batched over the rows asked for together):
+      max      the shift (one pass);
+      top-k    the k-th largest logit l_k (``torch.topk``); kept = {s >= s(l_k)} (ties at the k-th
+               value kept, as logits_to_probs), found as {logit > L} for a float32 L checked to
+               give s(L) < s(l_k), then filtered on s, so no token that rounding merges with the
+               cut is lost; the kept mass is summed in float64 over the kept tokens;
+      mass     without top-k, Z = sum_x exp(s(x)) over V. With top-p: float32 terms
+               exp2((logit - shift) * log2(e)/T) (torch's exp2 costs half its exp on CPU) and
+               float32 accumulation; without truncation: exp of the float32 s itself (the
+               entries' s) with float64 accumulation, because there Z is the row's normaliser;
+      top-p    candidates C = {s > S}: tokens of p > eps found by one comparison of the LOGITS with
+               a float32 threshold L (s is non-decreasing in the logit, so {logit > L} holds C and
+               filtering on s(x) > S = s(L) gives C exactly). C is an upper set of the order
+               (s desc, id asc), so once its mass reaches top_p the nucleus lies in it, ties at the
+               cut included; only C is sorted (one sort of (s, id) packed into int64 keys: ties by
+               id, exactly ``core.sampling._top_p_mask``). Passes at eps = 3e-5 (trying the
+               subset p > 1e-3 first), 1e-6, (1 - top_p)/(4V), then every token (reached only
+               through rounding).
+    The kept set of a truncated row is stored as its support (ids ascending, their p), so
+    support(), row() (a scatter into zeros) and the rules' residuals never touch the other V
+    entries. Without truncation the support is every token and row() is one float64 pass.
+
+    Precision: everything a rule divides or compares is float64 (ALGORITHMS.md §1 rule 2): the
+    entries, log_norm, the cumulative masses that place the top-p cut. A truncated row is
+    normalised by its kept mass summed in float64 (rows sum to 1 within ~1e-15); the float32 mass
+    over V only places the top-p cut, which it moves by at most its relative error (~1e-7
+    typically, ~2e-6 for a few dominant tokens over a long flat tail, where float32 accumulation
+    is worst: the same order as logits_to_probs's float32 softmax, and what separates the two is
+    tokens at the cut holding that little mass). An untruncated row's normaliser sums exp of the
+    entries' own s in float64, so its entries sum to 1 within float32 exp's rounding (~1e-7),
+    inside the 1e-6 every probability vector is checked against.
+
+    Greedy (T = 0): rows are point masses at the argmax (lowest id on ties, as logits_to_probs),
+    read on a view of the logits (no copy); prob() compares with the argmax and no one-hot vector
+    is built unless row() is called. NaN, +inf or all -inf logits raise InvalidDistributionError
+    when their row is touched.
+    """
+
+    def __init__(self, logits: torch.Tensor, params, kernels: str = "auto"):
         if logits.ndim != 2:
             raise InvalidDistributionError(f"logits must be an (n, V) tensor, got shape {tuple(logits.shape)}")
+        if kernels not in KERNELS:
+            raise ConfigError(f"kernels must be one of {KERNELS}, got {kernels!r}")
         self.logits = logits.detach()
+        on_cpu = self.logits.device.type == "cpu"
+        if kernels == "host" and not on_cpu:
+            raise ConfigError(f"kernels='host' needs CPU logits, got device {self.logits.device}; use 'device' or 'auto'")
+        use_host = kernels == "host" or (kernels == "auto" and on_cpu)
+        self._kernels = _HostKernels(self.logits) if use_host else _DeviceKernels(self.logits)
         self.params = params
         self.num_rows, self.vocab_size = (int(s) for s in logits.shape)
         self.greedy = params.greedy
+        self._temperature = np.float32(params.temperature)
         self._argmax: dict[int, int] = {}
-        # node -> (shift, log_z, kth, s_cut, id_cut); kth / s_cut = -inf keep every token
-        self._state: dict[int, tuple[float, float, float, float, int]] = {}
+        self._state: dict[int, RowState] = {}
         self._rows: dict[int, np.ndarray] = {}
-        self._scaled_rows: dict[int, torch.Tensor] = {}
         self._dense: np.ndarray | None = None
 
+    # ----- the one expression of an entry -------------------------------------------------------
+    def scaled(self, logits, shifts) -> np.ndarray:
+        """s = float32((logit - shift) / T) elementwise (NumPy float32; shapes broadcast)."""
+        return (np.asarray(logits, dtype=np.float32) - np.asarray(shifts, dtype=np.float32)) / self._temperature
+
     # ----- per-row preparation (batched over the rows asked for) ---------------------------------
-    def _check_rows(self, maxima: torch.Tensor, nodes: Sequence[int]) -> None:
-        finite = torch.isfinite(maxima)
-        if not bool(finite.all()):
-            bad = nodes[int((~finite).nonzero()[0, 0])]
+    def _check_rows(self, values: np.ndarray, nodes: Sequence[int]) -> None:
+        finite = np.isfinite(values)
+        if not finite.all():
+            bad = nodes[int(np.flatnonzero(~finite)[0])]
             raise InvalidDistributionError(
                 f"row {bad} of the logits holds NaN, +inf or only -inf; check the model weights and "
                 "dtype (fp16 can overflow: try bf16 or fp32)"
@@ -202,113 +433,184 @@ class LogitRows(Rows):
         missing = [n for n in dict.fromkeys(int(n) for n in nodes) if n not in self._argmax]
         if not missing:
             return
-        selected = self.logits[missing].float()
-        self._check_rows(selected.amax(dim=-1), missing)  # NaN anywhere in a row makes its max NaN
-        if selected.device.type == "cpu":
-            # numpy's argmax is the first maximum and several times faster than torch's on CPU
-            found = np.argmax(selected.numpy(), axis=-1)
-        else:
-            found = selected.argmax(dim=-1).cpu().numpy()  # first maximal index (torch documents it)
-        self._argmax.update(zip(missing, (int(i) for i in found)))
-
-    def _scaled(self, nodes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(scaled rows (m, V) float32 with top-k's cut applied as -inf, shifts (m,), the k-th
-        largest scaled value (m,) float32, -inf without top-k)."""
-        selected = self.logits[list(nodes)].float()
-        maxima = selected.amax(dim=-1)  # NaN anywhere in a row makes its max NaN
-        self._check_rows(maxima, nodes)
-        # subtracting the row maximum first keeps the division finite for tiny temperatures; the
-        # max scaled value is then exactly 0
-        scaled = selected.sub(maxima[:, None]).div_(self.params.temperature)
-        top_k = self.params.top_k
-        kth = torch.full_like(maxima, -math.inf)
-        if top_k and top_k < self.vocab_size:
-            kth = torch.topk(scaled, top_k, dim=-1).values[:, -1]
-            scaled = scaled.masked_fill_(scaled < kth[:, None], float("-inf"))
-        return scaled, maxima, kth
+        ids, values = self._kernels.argmax(missing)
+        self._check_rows(values, missing)
+        self._argmax.update(zip(missing, (int(i) for i in ids)))
 
     def _prepare(self, nodes: Sequence[int]) -> None:
         missing = [n for n in dict.fromkeys(int(n) for n in nodes) if n not in self._state]
         if not missing:
             return
-        scaled, maxima, kth = self._scaled(missing)
-        # one float32 pass over V for the mass (every scaled value is <= 0, the max exactly 0, so
-        # exp cannot overflow and the sum is >= 1); float64 from here on
-        log_z = torch.exp(scaled).sum(dim=-1).double().log()
-        s_cut = torch.full((len(missing),), -math.inf, dtype=torch.float64)
-        id_cut = [self.vocab_size] * len(missing)
-        if self.params.top_p < 1.0:
-            s_cut, id_cut, log_z = self._nucleus(scaled, log_z)
-        maxima, log_z, kth, s_cut = (t.double().cpu().numpy() for t in (maxima, log_z, kth, s_cut))
+        maxima = self._kernels.maxima(missing)
+        self._check_rows(maxima, missing)
+        top_k, top_p = self.params.top_k, self.params.top_p
+        if top_k and top_k < self.vocab_size:
+            self._prepare_top_k(missing, maxima, top_k)
+            return
+        # top-p renormalises over the nucleus in float64: the mass over V only places the cut
+        log_z = np.log(self._kernels.masses(missing, maxima, self.params.temperature, exact_terms=top_p == 1.0))
+        if top_p < 1.0:
+            self._prepare_nucleus(missing, maxima, log_z)
+            return
         for i, node in enumerate(missing):
-            self._state[node] = (float(maxima[i]), float(log_z[i]), float(kth[i]), float(s_cut[i]), int(id_cut[i]))
-            self._scaled_rows[node] = scaled[i]  # kept for row(): no second pass over the logits
+            self._state[node] = RowState(maxima[i], float(log_z[i]), -math.inf, -math.inf, self.vocab_size, None)
 
-    def _nucleus(self, scaled: torch.Tensor, log_z: torch.Tensor):
-        """Top-p cut per row by partial selection (on the rows' device). Returns (s_cut (m,),
-        id_cut list, log of the kept mass (m,)).
+    def _threshold_below(self, value: np.float32, shift: np.float32) -> np.float32:
+        """A float32 logit L < value with scaled(L) < scaled(value): {logit > L} then holds every
+        token whose s reaches s(value), even where rounding merged neighbouring logits."""
+        target = self.scaled(value, shift)
+        step = max(abs(float(value) - float(shift)) * 2.0**-20, 1e-30)
+        while True:
+            candidate = np.float32(float(value) - step)
+            if candidate >= value:
+                candidate = np.nextafter(value, np.float32(-np.inf))
+            if self.scaled(candidate, shift) < target:
+                return candidate
+            step *= 2.0
 
-        Candidates: the tokens with p(x) > eps, found by one comparison pass. If their mass
-        reaches top_p, the nucleus (the most probable tokens until their mass reaches top_p) lies
-        among them, ties at the cut included (they share p(cut) > eps), and only the candidates
-        are sorted, by (p desc, id asc). eps shrinks (1e-3, 3e-5, 1e-6, then (1 - top_p)/(4V),
-        below which the rest provably holds less than 1 - top_p) until that holds; the last
-        resort, all V tokens, is reached only through rounding."""
+    def _prepare_top_k(self, nodes: list[int], maxima: np.ndarray, top_k: int) -> None:
+        kth_logits = self._kernels.kth_largest(nodes, top_k)
+        thresholds = np.array([
+            -np.inf if kth == -np.inf else self._threshold_below(kth, shift) for kth, shift in zip(kth_logits, maxima)
+        ], dtype=np.float32)
+        found = self._kernels.above(nodes, thresholds)
+        for i, (node, (ids, logits)) in enumerate(zip(nodes, found)):
+            kth = self.scaled(kth_logits[i], maxima[i])
+            scaled = self.scaled(logits, maxima[i])
+            keep = scaled >= kth
+            if kth == -np.inf:  # fewer than k finite logits: every token is kept, -inf ones at p = 0
+                ids, scaled = np.arange(self.vocab_size), self.scaled(self._kernels.full_row(node), maxima[i])
+                keep = np.ones(self.vocab_size, dtype=bool)
+            ids, scaled = ids[keep], scaled[keep]
+            log_z = float(np.log(np.sum(np.exp(scaled.astype(np.float64)))))  # max s = 0 is kept: sum >= 1
+            if self.params.top_p < 1.0:
+                self._state[node] = self._nucleus(ids, scaled, log_z, maxima[i], float(kth), final=True)
+            else:
+                with np.errstate(under="ignore"):
+                    values = np.exp(scaled.astype(np.float64) - log_z)
+                self._state[node] = RowState(maxima[i], log_z, float(kth), -math.inf, self.vocab_size, (ids, values))
+
+    def _prepare_nucleus(self, nodes: list[int], maxima: np.ndarray, log_z: np.ndarray) -> None:
+        """Top-p without top-k: one comparison pass over V per row at p > 3e-5 (then 1e-6, then
+        (1 - top_p)/(4V), below which the rest provably holds less than 1 - top_p; then every
+        token, reached only through rounding). Inside a pass the nucleus is first sought among the
+        candidates of p > 1e-3 (an exact s-threshold on the host), so a peaked row sorts a few
+        dozen tokens, not hundreds."""
         top_p = self.params.top_p
-        rows, vocab = scaled.shape
-        schedule = [1e-3, 3e-5, 1e-6, (1.0 - top_p) / (4.0 * vocab)]
-        threshold = torch.tensor([top_p - 1e-12], dtype=torch.float64, device=scaled.device)
-        s_cut = torch.empty(rows, dtype=torch.float64)
-        log_kept = torch.empty(rows, dtype=torch.float64)
-        id_cut = [vocab] * rows
-        for row in range(rows):
-            row_log_z = float(log_z[row])
-            for eps in [*(e for e in schedule if e >= schedule[-1]), None]:
-                if eps is None:
-                    candidates = torch.arange(vocab, device=scaled.device)
+        temperature = self.params.temperature
+        last = (1.0 - top_p) / (4.0 * self.vocab_size)
+        passes = [*(e for e in NUCLEUS_PASS_EPSILONS if e > last), last]
+        pending = list(range(len(nodes)))
+        for pass_index, eps in enumerate(passes):
+            if not pending:
+                return
+            # p > eps  <=>  s > log_z + log(eps)  <=  logit > max + T (log_z + log eps)
+            thresholds = np.array([float(maxima[i]) + temperature * (float(log_z[i]) + math.log(eps)) for i in pending],
+                                  dtype=np.float32)
+            found = self._kernels.above([nodes[i] for i in pending], thresholds)
+            still = []
+            for i, threshold, (ids, logits) in zip(pending, thresholds, found):
+                scaled = self.scaled(logits, maxima[i])
+                keep = scaled > self.scaled(threshold, maxima[i])  # C = {s > s(L)} exactly
+                ids, scaled = ids[keep], scaled[keep]
+                state = None
+                if pass_index == 0:  # the upper set {p > 1e-3} of C first: enough for peaked rows
+                    first = scaled > float(log_z[i]) + math.log(NUCLEUS_FIRST_EPSILON)
+                    if first.sum() < len(scaled):
+                        state = self._nucleus(ids[first], scaled[first], float(log_z[i]), maxima[i], -math.inf, final=False)
+                if state is None:
+                    state = self._nucleus(ids, scaled, float(log_z[i]), maxima[i], -math.inf, final=False)
+                if state is None:
+                    still.append(i)
                 else:
-                    candidates = torch.nonzero(scaled[row] > row_log_z + math.log(eps)).squeeze(-1)
-                values = scaled[row, candidates]
-                # nonzero lists ids in increasing order and the sort is stable: ties stay by id
-                order = torch.sort(values, descending=True, stable=True).indices
-                ordered_values = values[order].double()
-                cumulative = torch.cumsum(torch.exp(ordered_values - row_log_z), dim=0)
-                crossing = int(torch.searchsorted(cumulative, threshold)[0])
-                if crossing < len(candidates) or eps is None:
-                    crossing = min(crossing, len(candidates) - 1)
-                    break
-            s_cut[row] = float(ordered_values[crossing])
-            id_cut[row] = int(candidates[order[crossing]])
-            log_kept[row] = row_log_z + math.log(float(cumulative[crossing]))
-        return s_cut, id_cut, log_kept
+                    self._state[nodes[i]] = state
+            pending = still
+        for i in pending:  # only through rounding: every token
+            scaled = self.scaled(self._kernels.full_row(nodes[i]), maxima[i])
+            self._state[nodes[i]] = self._nucleus(np.arange(self.vocab_size), scaled, float(log_z[i]), maxima[i],
+                                                  -math.inf, final=True)
+
+    def _nucleus(self, ids: np.ndarray, scaled: np.ndarray, log_z: float, shift: np.float32, kth: float,
+                 final: bool) -> RowState | None:
+        """The top-p cut inside candidates (ids ascending, their s; an upper set of the order
+        (s desc, id asc)): the most probable in that order until their mass, exp(s - log_z) summed
+        in float64, reaches top_p. None when the candidates' mass falls short (unless ``final``:
+        then all of them); that is seen before sorting anything."""
+        if not len(ids):
+            return None
+        threshold = self.params.top_p - TOP_P_SLACK
+        with np.errstate(under="ignore"):
+            weights = np.exp(scaled.astype(np.float64) - log_z)
+            if not final and weights.sum() < threshold:
+                return None
+            order = _order_by_value_then_position(scaled)
+            cumulative = np.cumsum(weights[order])
+            crossing = int(np.searchsorted(cumulative, threshold))
+            if crossing >= len(ids):
+                if not final:
+                    return None
+                crossing = len(ids) - 1
+            log_norm = log_z + math.log(float(cumulative[crossing]))
+            kept = np.sort(order[: crossing + 1])  # positions ascending: ids ascending
+            values = np.exp(scaled[kept].astype(np.float64) - log_norm)
+        cut = order[crossing]
+        return RowState(shift, log_norm, kth, float(scaled[cut]), int(ids[cut]), (ids[kept], values))
 
     # ----- the interface ------------------------------------------------------------------------
+    def _entries(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """p at (nodes[i], tokens[i]) from one logit each (rows prepared)."""
+        states = [self._state[int(n)] for n in nodes]
+        shifts = np.array([s.shift for s in states], dtype=np.float32)
+        scaled = self.scaled(self._kernels.entries(nodes, tokens), shifts)
+        log_norm = np.array([s.log_norm for s in states])
+        kth = np.array([s.kth for s in states])
+        s_cut = np.array([s.s_cut for s in states])
+        id_cut = np.array([s.id_cut for s in states])
+        kept = (scaled >= kth) & ((scaled > s_cut) | ((scaled == s_cut) & (tokens <= id_cut)))
+        with np.errstate(under="ignore"):
+            values = np.exp(scaled.astype(np.float64) - log_norm)
+        return np.where(kept, values, 0.0)
+
     def argmax(self, node: int) -> int:
         if self.greedy:
             self._prepare_argmax([node])
             return self._argmax[int(node)]
-        return int(np.argmax(self.row(node)))
+        ids, values = self.support(node)
+        return int(ids[np.argmax(values)])  # ids ascending: the lowest id among the maxima
 
     def probs_of(self, nodes, tokens) -> np.ndarray:
-        nodes = [int(n) for n in nodes]
-        tokens = [int(t) for t in tokens]
-        if not nodes:
+        nodes = np.asarray([int(n) for n in nodes], dtype=np.int64)
+        tokens = np.asarray([int(t) for t in tokens], dtype=np.int64)
+        if not len(nodes):
             return np.zeros(0)
         if self.greedy:
-            self._prepare_argmax(nodes)
-            return np.array([1.0 if self._argmax[n] == t else 0.0 for n, t in zip(nodes, tokens)])
-        self._prepare(nodes)
-        device = self.logits.device
-        picked = self.logits[torch.as_tensor(nodes, device=device), torch.as_tensor(tokens, device=device)].float()
-        state = np.array([self._state[n] for n in nodes], dtype=np.float64)
-        shift = torch.as_tensor(state[:, 0], dtype=torch.float32, device=device)
-        # the same float32 expression as the dense row, so prob() and row() agree entry by entry
-        scaled = ((picked - shift) / self.params.temperature).double().cpu().numpy()
-        log_z, kth, s_cut, id_cut = state[:, 1], state[:, 2], state[:, 3], state[:, 4]
-        kept = (scaled >= kth) & ((scaled > s_cut) | ((scaled == s_cut) & (np.asarray(tokens) <= id_cut)))
-        with np.errstate(under="ignore"):
-            values = np.exp(scaled - log_z)
-        return np.where(kept, values, 0.0)
+            self._prepare_argmax(nodes.tolist())
+            return np.array([1.0 if self._argmax[int(n)] == t else 0.0 for n, t in zip(nodes, tokens)])
+        self._prepare(nodes.tolist())
+        return self._entries(nodes, tokens)
+
+    def gather(self, node: int, ids) -> np.ndarray:
+        """row(node)[ids] from the logits at ids only (the expression of probs_of)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.greedy:
+            return (ids == self.argmax(node)).astype(np.float64)
+        if not ids.size:
+            return np.zeros(ids.shape)
+        self._prepare([node])
+        return self._entries(np.full(ids.shape, int(node), dtype=np.int64), ids)
+
+    def support(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """Truncated rows: the kept ids ascending with their p (no dense row); greedy rows:
+        ([argmax], [1.0]); untruncated rows: every id and row(node) itself. Cached: callers must
+        not write into the arrays."""
+        node = int(node)
+        if self.greedy:
+            return np.array([self.argmax(node)], dtype=np.int64), np.ones(1)
+        self._prepare([node])
+        support = self._state[node].support
+        if support is not None:
+            return support
+        return np.arange(self.vocab_size), self.row(node)
 
     def dense(self) -> np.ndarray:
         """Every row, (n, V) float64: one batched preparation, then the rows (for the rules that
@@ -329,18 +631,15 @@ class LogitRows(Rows):
             result[self.argmax(node)] = 1.0
         else:
             self._prepare([node])
-            _, log_z, _, s_cut, id_cut = self._state[node]
-            # top-k's cut is already applied as -inf; the row goes to the host once, and the
-            # entries use numpy's exp as probs_of does, so row(node)[x] == prob(node, x)
-            scaled = self._scaled_rows.pop(node).double().cpu().numpy()
-            keep = scaled > s_cut
-            if id_cut < self.vocab_size - 1:
-                keep |= (scaled == s_cut) & (np.arange(self.vocab_size) <= id_cut)
-            else:
-                keep |= scaled == s_cut
-            with np.errstate(under="ignore"):
-                result = np.exp(scaled - log_z)
-            result[~keep] = 0.0
+            state = self._state[node]
+            if state.support is not None:  # truncated: the kept entries into zeros
+                result = np.zeros(self.vocab_size)
+                ids, values = state.support
+                result[ids] = values
+            else:  # every token kept (s = -inf gives exactly 0): one float64 pass
+                scaled = self.scaled(self._kernels.full_row(node), state.shift)
+                with np.errstate(under="ignore"):
+                    result = np.exp(scaled.astype(np.float64) - state.log_norm)
         self._rows[node] = result
         return result
 
