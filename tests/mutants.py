@@ -149,8 +149,8 @@ MUTANTS = [
     Mutant(
         "bv_residual_w1",
         "BV residual norm([p - q]_+) instead of norm([w p - q]_+)",
-        (("verify/bv.py", "lambda: residual(target_rows[tau], draft_rows[tau], target_scale=w)",
-          "lambda: residual(target_rows[tau], draft_rows[tau])"),),
+        (("verify/bv.py", "lambda ids, p: residual(p, tree.draft.gather(node, ids), target_scale=w)",
+          "lambda ids, p: residual(p, tree.draft.gather(node, ids))"),),
         (BLOCK,),
     ),
     Mutant(
@@ -176,8 +176,8 @@ MUTANTS = [
     Mutant(
         "spectr_rho_wrong_side",
         "SpecTr K-SEQ with rho from the f < 0 side and the root-form residual",
-        (("verify/spectr.py", "        return _kseq_candidates(rng, target, draft, tokens)\n",
-          "        return _kseq_candidates(rng, target, draft, tokens, lambda t, d, k: kseq_rho_bracket(t, d, k, 2)[0], root_form_residual)\n"),),
+        (("verify/spectr.py", "        return kseq_node(rng, tree.target, tree.draft, node, tokens)\n",
+          "        return kseq_node(rng, tree.target, tree.draft, node, tokens, lambda t, d, k: kseq_rho_bracket(t, d, k, 2)[0], root_form_residual)\n"),),
         ("tests/verify/test_spectr.py", BRANCHING),
     ),
     Mutant(
@@ -318,6 +318,52 @@ MUTANTS += [
     ),
 ]
 
+
+# issue 16: the chain and path rules read rows on the target's support (bv, nss / qfree, spectr)
+MUTANTS += [
+    Mutant(
+        "bv_ratios_one_block_short",
+        "BV stops reading the ratios p_i(x_i)/q_i(x_i) one block too early (the last positions get h = 0)",
+        (("verify/bv.py", "    while start < length:\n        stop = min(start + block, length)",
+          "    while start + block < length:\n        stop = min(start + block, length)"),),
+        (BLOCK,),
+    ),
+    Mutant(
+        "bv_rho_on_draft_support",
+        "BV sums rho_i = sum [w p - q]_+ over the draft's support instead of the target's",
+        (("verify/bv.py", "            ids, p = tree.target.support(rows[i])\n",
+          "            ids = tree.draft.support(rows[i])[0]\n            p = tree.target.gather(rows[i], ids)\n"),),
+        (BLOCK,),
+    ),
+    Mutant(
+        "gmpbv_rho_on_draft_support",
+        "block_verify_path (GMPBV) sums rho_i over the support of q̃ instead of the target's",
+        (("verify/bv.py", "        ids, p = _support(target_probs, i)\n        return positive_excess(",
+          "        ids = _support(draft_rows, i)[0]\n        p = _gather(target_probs, i, ids)\n        return positive_excess("),),
+        (BLOCK,),
+    ),
+    Mutant(
+        "nss_miss_law_token_as_index",
+        "NSS / q-free miss law zeroes the child TOKEN IDS as positions of the support (the dense code, ported as is)",
+        (("verify/qfree.py", "    rest[np.isin(ids, child_tokens)] = 0.0\n",
+          "    rest[child_tokens] = 0.0\n"),),
+        ("tests/verify/test_nss.py", "tests/verify/test_qfree.py"),
+    ),
+    Mutant(
+        "qfree_hits_from_child_rows",
+        "the q-free walk gathers the children's probabilities from the children's rows instead of the node's",
+        (("verify/qfree.py", "hit = rows.probs_of([node] * len(tokens), tokens)",
+          "hit = rows.probs_of(list(child_of.values()), tokens)"),),
+        ("tests/verify/test_qfree.py",),
+    ),
+    Mutant(
+        "spectr_rho_on_draft_support",
+        "SpecTr finds rho on the draft's support (D(rho) misses p where q = 0)",
+        (("verify/spectr.py", "        ids, p = target.support(node)\n        return rho_fn(p, draft.gather(node, ids), k)",
+          "        ids = draft.support(node)[0]\n        return rho_fn(target.gather(node, ids), draft.gather(node, ids), k)"),),
+        ("tests/verify/test_spectr.py",),
+    ),
+]
 
 def apply(mutant: Mutant, root: Path) -> str | None:
     """Edit the copy under ``root``; returns an error text if an edit does not match once."""

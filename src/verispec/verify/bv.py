@@ -4,41 +4,72 @@ Capped running weight w_i = min(1, w_{i-1} p_i(x_i)/q_i(x_i)); stop probabilitie
 h_i = rho_i / (rho_i + 1 - w_i) with rho_i = sum_x [w_i p_{i+1}(x) - q_{i+1}(x)]_+ for i < L and
 h_L = w_L; tau = max{i : U_i < h_i}; residual norm([w_tau p_{tau+1} - q_{tau+1}]_+).
 Lossless per iteration, no target modification.
+
+Rows are read through the tree's row providers (core.rows, issue 16), touching only what the
+rule needs:
+* the ratios p_i(x_i)/q_i(x_i) one entry per row, in blocks of 2, 4, 8, ... positions (one
+  batched gather per side each, as SD), and no further once w reaches 0: p_i(x_i) = 0 makes every
+  later w_j = 0 and h_j = 0 (§3 edge cases), so those rows cannot matter;
+* rho_i and the residual only on the support of p_{i+1}: [w p - q]_+ vanishes where p = 0, so
+  the sums and the law live on supp(p_{i+1}) (a top-p nucleus, not V), with q gathered there;
+* no row at all where w_i is 0 or 1 (h_i is then 0 or 1 without rho_i).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from verispec.core.probs import residual
 from verispec.core.rng import Rng
-from verispec.core.rows import draw_from
-from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, chain_nodes, path_rows, result_at
+from verispec.core.rows import draw_on_support
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, result_at
+
+FIRST_BLOCK = 2
+
+# ratio_block(start, stop) -> (stop - start,) ratios p_i(x_i)/q_i(x_i) of positions start..stop-1
+RatioBlock = Callable[[int, int], np.ndarray]
+# rho_at(i, w) -> rho_i = sum_x [w p_{i+1}(x) - q_{i+1}(x)]_+ for 0 < w < 1
+RhoAt = Callable[[int, float], float]
+
+
+def capped_weights_until_zero(ratio_block: RatioBlock, length: int) -> np.ndarray:
+    """w_0..w_m of a path of ``length`` tokens, reading the ratios in blocks of 2, 4, 8, ...
+    positions and stopping after the block where w first reaches 0 (then m < length and w_m = 0:
+    every later w_j is 0 as well and is not read). Shape (m + 1,), m = length when w stays > 0."""
+    weights = [1.0]
+    start, block = 0, FIRST_BLOCK
+    while start < length:
+        stop = min(start + block, length)
+        for ratio in ratio_block(start, stop):
+            weights.append(min(1.0, weights[-1] * float(ratio)))
+            if weights[-1] <= 0.0:
+                return np.array(weights)
+        start, block = stop, block * 2
+    return np.array(weights)
 
 
 def capped_weights(target_token_probs: np.ndarray, draft_token_probs: np.ndarray) -> np.ndarray:
-    """w_0..w_L for a path from p_i(x_i) and q_i(x_i), both shape (L,)."""
-    ratios = target_token_probs / draft_token_probs
-    weights = np.ones(len(ratios) + 1)
-    for i, ratio in enumerate(ratios, start=1):
-        weights[i] = min(1.0, weights[i - 1] * ratio)
+    """w_0..w_L for a path from p_i(x_i) and q_i(x_i), both shape (L,); w_j = 0 after the first
+    zero (the full-length form of ``capped_weights_until_zero``)."""
+    ratios = np.asarray(target_token_probs, dtype=np.float64) / np.asarray(draft_token_probs, dtype=np.float64)
+    weights = np.zeros(len(ratios) + 1)
+    read = capped_weights_until_zero(lambda start, stop: ratios[start:stop], len(ratios))
+    weights[: len(read)] = read
     return weights
 
 
-def block_stop(
-    rng: Rng, target_rows, draft_rows, target_token_probs: np.ndarray, draft_token_probs: np.ndarray
-) -> tuple[int, float]:
-    """The stop position of BV on one path: (tau, w_tau).
+def block_stop(rng: Rng, weights: np.ndarray, length: int, rho_at: RhoAt) -> tuple[int, float]:
+    """The stop position of BV on one path of ``length`` tokens: (tau, w_tau).
 
-    target_rows: p_1..p_{L+1} and draft_rows: q_1..q_L, indexable by position (arrays, or lazy
-    providers such as ``PathRows`` or q̃ of §7), read only where rho_i needs a full row;
-    target_token_probs / draft_token_probs: (L,) p_i(x_i), q_i(x_i). The U_i are drawn lazily
-    from i = L downwards, which has the same law as drawing all of them."""
-    length = len(target_token_probs)
-    weights = capped_weights(target_token_probs, draft_token_probs)
-    for i in range(length, 0, -1):
-        w = weights[i]
+    weights: w_0..w_m from ``capped_weights_until_zero`` (m <= length; w_j = 0 for j > m, so
+    h_j = 0 there and those positions are skipped: a test that never succeeds changes nothing);
+    rho_at(i, w): rho_i, called only where 0 < w_i < 1 and i < length. The U_i are drawn lazily
+    from i = m downwards, which has the same law as drawing all of them."""
+    for i in range(len(weights) - 1, 0, -1):
+        w = float(weights[i])
         if i == length:
             stop = w
         elif w <= 0.0 or w >= 1.0:
@@ -46,31 +77,84 @@ def block_stop(
             # when rho = 0 too): no pass over the vocabulary, and no row is built
             stop = min(max(w, 0.0), 1.0)
         else:
-            difference = w * target_rows[i]
-            difference -= draft_rows[i]
-            rho = float(np.maximum(difference, 0.0, out=difference).sum())
+            rho = rho_at(i, w)
             denominator = rho + 1.0 - w
             stop = 1.0 if denominator <= 0.0 else rho / denominator
         if rng.bernoulli(stop):
-            return i, float(w)
+            return i, w
     return 0, 1.0
+
+
+def positive_excess(target_values: np.ndarray, draft_values: np.ndarray, w: float) -> float:
+    """sum [w p - q]_+ over the given entries (the support of p: the rest adds 0)."""
+    difference = w * target_values
+    difference -= draft_values
+    return float(np.maximum(difference, 0.0, out=difference).sum())
+
+
+# ----- reading rows by position: row providers (PathRows) or plain (V,) rows ----------------------
+def _entries(rows, tokens, start: int = 0) -> np.ndarray:
+    """rows[start + j][tokens[j]] for j = 0..len(tokens)-1, (len,) float64: one batched gather
+    when ``rows`` is a ``PathRows`` (no full row), else from the rows themselves."""
+    if isinstance(rows, PathRows):
+        return np.asarray(rows.rows.probs_of(rows.nodes[start : start + len(tokens)], tokens), dtype=np.float64)
+    return np.array([rows[start + j][token] for j, token in enumerate(tokens)], dtype=np.float64)
+
+
+def _support(rows, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids ascending, values) of the positive entries of rows[position]."""
+    if isinstance(rows, PathRows):
+        return rows.rows.support(rows.nodes[position])
+    row = np.asarray(rows[position], dtype=np.float64)
+    ids = np.flatnonzero(row > 0)
+    return ids, row[ids]
+
+
+def _gather(rows, position: int, ids: np.ndarray) -> np.ndarray:
+    """rows[position][ids] without a full row where the rows can (PathRows, or any object with
+    ``gather(position, ids)``, e.g. a lazy q̃ of §7)."""
+    if isinstance(rows, PathRows):
+        return rows.rows.gather(rows.nodes[position], ids)
+    if hasattr(rows, "gather"):
+        return rows.gather(position, ids)
+    return np.asarray(rows[position], dtype=np.float64)[ids]
+
+
+def _vocab_size(rows, position: int) -> int:
+    return rows.rows.vocab_size if isinstance(rows, PathRows) else len(rows[position])
 
 
 def block_verify_path(
     rng: Rng, target_probs, draft_rows, tokens: np.ndarray, draft_token_probs: np.ndarray | None = None
 ) -> tuple[int, np.ndarray, bool]:
-    """BV on one path with full vectors. target_probs: p_1..p_{L+1}, (L+1, V) array or rows
-    indexable by position; draft_rows: q_1..q_L, indexable by position (an (L, V) array, or a lazy
-    row provider, e.g. q̃ of §7); draft_token_probs: (L,) q_i(x_i) (read from draft_rows when
-    omitted). Returns (tau, distribution of the extra token, guard_hit)."""
+    """BV on one path. target_probs: p_1..p_{L+1}, a ``PathRows`` (read through its provider:
+    entries, supports) or anything indexable by position giving (V,) rows; draft_rows: q_1..q_L,
+    the same kinds, or a lazy row object indexable by position (q̃ of §7; read at the target's
+    support through its ``gather(position, ids)`` if it has one, else its full rows);
+    draft_token_probs: (L,) q_i(x_i) (read from draft_rows when omitted).
+    Returns (tau, distribution of the extra token (V,), guard_hit)."""
     length = len(tokens)
+    tokens = [int(t) for t in tokens]
     if draft_token_probs is None:
-        draft_token_probs = np.array([draft_rows[i][tokens[i]] for i in range(length)])
-    target_token_probs = np.array([target_probs[i][tokens[i]] for i in range(length)])
-    tau, w = block_stop(rng, target_probs, draft_rows, target_token_probs, draft_token_probs)
+        draft_token_probs = _entries(draft_rows, tokens)
+    draft_token_probs = np.asarray(draft_token_probs, dtype=np.float64)
+
+    def ratio_block(start: int, stop: int) -> np.ndarray:
+        return _entries(target_probs, tokens[start:stop], start) / draft_token_probs[start:stop]
+
+    def rho_at(i: int, w: float) -> float:
+        ids, p = _support(target_probs, i)
+        return positive_excess(p, _gather(draft_rows, i, ids), w)
+
+    weights = capped_weights_until_zero(ratio_block, length)
+    tau, w = block_stop(rng, weights, length, rho_at)
+    ids, p = _support(target_probs, tau)
     if tau == length:
-        return length, target_probs[length], False
-    dist, guard = residual(target_probs[tau], draft_rows[tau], target_scale=w)
+        law, guard = p, False
+    else:
+        law, guard = residual(p, _gather(draft_rows, tau, ids), target_scale=w)
+    dist = np.zeros(_vocab_size(target_probs, tau))
+    dist[ids] = law  # the law vanishes outside supp(p_{tau+1})
     return tau, dist, guard
 
 
@@ -82,16 +166,24 @@ class BlockVerification(Verifier):
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         path = chain_nodes(tree)
-        rows, target_rows, draft_rows = path_rows(tree, path)
+        rows = [ROOT, *path]  # rows[i] holds p_{i+1} and q_{i+1}
         tokens = [int(t) for t in tree.tokens[list(path)]]
-        # one batched gather per side for the ratios; full rows only where rho_i or the residual needs them
-        tau, w = block_stop(
-            rng, target_rows, draft_rows, tree.target.probs_of(rows[:-1], tokens), tree.draft.probs_of(rows[:-1], tokens)
-        )
+
+        def ratio_block(start: int, stop: int) -> np.ndarray:
+            nodes, block = rows[start:stop], tokens[start:stop]
+            return tree.target.probs_of(nodes, block) / tree.draft.probs_of(nodes, block)
+
+        def rho_at(i: int, w: float) -> float:
+            # [w p - q]_+ vanishes outside supp(p_{i+1}): sum over the target's support only
+            ids, p = tree.target.support(rows[i])
+            return positive_excess(p, tree.draft.gather(rows[i], ids), w)
+
+        weights = capped_weights_until_zero(ratio_block, len(path))
+        tau, w = block_stop(rng, weights, len(path), rho_at)
         node = rows[tau]
         if tau == len(path):
-            return result_at(tree, node, draw_from(rng, tree.target, node)[0], True)
-        token, guard = draw_from(
-            rng, tree.target, node, lambda: residual(target_rows[tau], draft_rows[tau], target_scale=w)
+            return result_at(tree, node, draw_on_support(rng, tree.target, node)[0], True)
+        token, guard = draw_on_support(
+            rng, tree.target, node, lambda ids, p: residual(p, tree.draft.gather(node, ids), target_scale=w)
         )
         return result_at(tree, node, token, False, diagnostics={"residual_guard_hits": guard})

@@ -6,13 +6,13 @@ rule that divides by q is not exact on them (those rules refuse ``DraftScheme.DE
 This rule never reads q: at node u draw y ~ p(.|u); if y is the token of a child of u, move there
 and repeat, else emit y and stop; at a leaf y is the bonus token. Every emitted token is an exact
 draw from the target, at any temperature; the acceptance at u is the target mass of its distinct
-child tokens.
+child tokens. It is the same walk as NSS (``verify.nss``, which runs ``qfree_walk``).
 
-The walk is written against two callables so the engine can run it *lazily*: ``row(node)`` gives
-p(.|node) (shape (V,)) and is called only for the nodes the walk visits, so the target rows of
-the other nodes are never materialised (at temperature 0 a row is a one-hot argmax). The
-``Verifier`` class runs the same walk on a fully materialised ``DraftTree``, which is what the
-exact-enumeration tests check.
+The walk reads the target through a row provider (core.rows, issue 16) so the engine runs it
+*lazily*: at a node it gathers the children's entries only (no row), and only on a miss (or at
+the leaf) does it read the support of p(.|u) (a top-p nucleus, not V) to draw y there. Rows the
+walk does not visit are never processed. The ``Verifier`` class runs the same walk on a
+``DraftTree``'s rows, which is what the exact-enumeration tests check.
 """
 
 from __future__ import annotations
@@ -23,50 +23,80 @@ import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD
 from verispec.core.rng import Rng
+from verispec.core.rows import Rows, draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, result_at
 
 
+class _RowFunction(Rows):
+    """Rows given as a function node -> p(.|node) (V,) float64, called once per visited node."""
+
+    def __init__(self, row: Callable[[int], np.ndarray]):
+        self._row, self._cache = row, {}
+        self.num_rows = self.vocab_size = 0  # unknown and unused: the walk reads rows by node
+
+    def row(self, node: int) -> np.ndarray:
+        if node not in self._cache:
+            self._cache[node] = np.asarray(self._row(node), dtype=np.float64)
+        return self._cache[node]
+
+    def probs_of(self, nodes, tokens) -> np.ndarray:
+        return np.array([self.row(int(n))[int(t)] for n, t in zip(nodes, tokens)], dtype=np.float64)
+
+
+def miss_law(ids: np.ndarray, target: np.ndarray, child_tokens: list[int]) -> tuple[np.ndarray, bool]:
+    """p restricted to the tokens that are not children, normalised, in the coordinates of the
+    target's support: ids (m,) ascending token ids, target (m,) = p(ids). Child tokens outside the
+    support (p = 0) have nothing to remove. Returns (law (m,), False), or (target, True) when the
+    rest has no mass (a miss of probability ~0: rounding only)."""
+    rest = np.array(target, dtype=np.float64)
+    rest[np.isin(ids, child_tokens)] = 0.0
+    mass = rest.sum()
+    if not mass > RESIDUAL_MASS_GUARD:
+        return target, True
+    rest /= mass
+    return rest, False
+
+
 def qfree_walk(
-    children_of: Callable[[int], dict[int, int]], row: Callable[[int], np.ndarray], rng: Rng
+    children_of: Callable[[int], dict[int, int]], target: Rows | Callable[[int], np.ndarray], rng: Rng
 ) -> tuple[list[int], int, bool, int]:
     """Walk a candidate tree from the root.
 
     children_of(node) -> {child token: child node} (first child wins for repeated tokens);
-    row(node) -> p(.|node), shape (V,), any non-negative vector with positive sum.
+    target: the target rows p(.|node) as a ``Rows`` provider (read by entries and supports), or a
+    function node -> p(.|node) (V,) (each probability vector summing to 1).
     Returns (visited nodes root first, emitted token y, is_bonus, residual guard hits).
 
-    The draw y ~ p(.|u) at an internal node is made in two exact stages, so nothing O(V) is sampled
-    while children are hit: a categorical over {each child token c: p(c)} ∪ {miss: the rest}; only
-    on a miss is y drawn from p restricted to the non-child tokens.
+    The draw y ~ p(.|u) at an internal node is made in two exact stages, so nothing O(V) is read
+    while children are hit: a categorical over {each distinct child token c: p(c)} U {miss: the
+    rest}; only on a miss is y drawn from p restricted to the non-child tokens, on p's support.
     """
+    rows = target if isinstance(target, Rows) else _RowFunction(target)
     node = ROOT
     visited = [ROOT]
     while True:
-        target = row(node)
         child_of = children_of(node)
         if not child_of:
-            return visited, rng.categorical(target), True, 0
+            return visited, draw_on_support(rng, rows, node)[0], True, 0
         tokens = list(child_of)
-        hit = target[tokens]
+        hit = rows.probs_of([node] * len(tokens), tokens)  # one gather, no full row
         hit_mass = float(hit.sum())
-        miss = max(float(target.sum()) - hit_mass, 0.0)
+        # rows sum to 1 (within 1e-6, checked where they are built), so the miss mass needs no
+        # pass over V; the categorical renormalises by the total
+        miss = max(1.0 - hit_mass, 0.0)
         choice = rng.categorical(np.append(hit, miss) / (hit_mass + miss))
         if choice < len(tokens):
             node = child_of[tokens[choice]]
             visited.append(node)
             continue
-        rest = np.array(target, dtype=np.float64)
-        rest[tokens] = 0.0
-        mass = rest.sum()
-        if not mass > RESIDUAL_MASS_GUARD:  # a miss of probability ~0 (rounding only)
-            return visited, rng.categorical(target), False, 1
-        return visited, rng.categorical(rest / mass), False, 0
+        token, guard = draw_on_support(rng, rows, node, lambda ids, p: miss_law(ids, p, tokens))
+        return visited, token, False, guard
 
 
 class QFreeTreeVerification(Verifier):
-    """The q-free walk above on a ``DraftTree`` (full target rows). Exact for every scheme, the
-    deterministic one included; it is the rule the engine runs on target-aware token trees."""
+    """The q-free walk above on a ``DraftTree``. Exact for every scheme, the deterministic one
+    included; it is the rule the engine runs on target-aware token trees."""
 
     name = "qfree"
     section = "§13"
@@ -74,14 +104,14 @@ class QFreeTreeVerification(Verifier):
     supported_schemes = frozenset(DraftScheme)
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
-        children = tree.children
-
-        def children_of(node: int) -> dict[int, int]:
-            child_of: dict[int, int] = {}
-            for child in children[node]:
-                child_of.setdefault(int(tree.tokens[child]), child)
-            return child_of
-
-        visited, token, is_bonus, guard = qfree_walk(children_of, tree.target.row, rng)
-        extra = {"diagnostics": {"residual_guard_hits": 1}} if guard else {}
+        visited, token, is_bonus, guard = qfree_walk(lambda node: first_child_of_token(tree, node), tree.target, rng)
+        extra = {"diagnostics": {"residual_guard_hits": guard}} if guard else {}
         return result_at(tree, visited[-1], token, is_bonus, **extra)
+
+
+def first_child_of_token(tree: DraftTree, node: int) -> dict[int, int]:
+    """{child token: first child in sampling order with that token} of ``node``."""
+    child_of: dict[int, int] = {}
+    for child in tree.children[node]:
+        child_of.setdefault(int(tree.tokens[child]), child)
+    return child_of

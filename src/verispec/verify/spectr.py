@@ -18,9 +18,12 @@ from the f < 0 side"): rho is the *lower* end of the bisection bracket after onl
 ``bisection_steps`` halvings (rho below the root, f(rho) < 0) and the residual is the root form
 [p - rho q]_+ / (1 - rho beta). It is NOT lossless for k >= 2.
 
-All vectors are float64 of shape (V,). Choosing rho (``kseq_rho``) costs one binning pass over
-the vocabulary plus work on the few tokens whose ratio p/q stays inside the bracket; it is done
-only when a candidate test needs rho (p(c) < k q(c)), and the residual (O(V)) only after k
+The helpers below (``kseq_rho``, ``kseq_beta``, ``kseq_residual``, ...) take float64 vectors
+over any set of tokens that holds the support of p: the full vocabulary (V,), or, as the rule
+runs them (``kseq_node``, issue 16), the support of p(.|node) with q gathered there (every sum
+they take vanishes where p = 0; see ``kseq_node``). Choosing rho (``kseq_rho``) costs one
+binning pass over those tokens plus work on the few whose ratio p/q stays inside the bracket;
+it is done only when a candidate test needs rho (p(c) < k q(c)), and the residual only after k
 rejections. ``kseq_rho_bracket`` is the plain full-vector bisection, kept as the reference.
 """
 
@@ -33,9 +36,9 @@ import numpy as np
 
 from verispec.core.probs import normalized_positive_part
 from verispec.core.rng import Rng
-from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult
-from verispec.verify.rrs import top_down
+from verispec.core.rows import Rows, draw_on_support
+from verispec.core.tree import ROOT, DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
 
 BISECTION_STEPS = 60
 
@@ -220,35 +223,65 @@ RhoFn = Callable[[np.ndarray, np.ndarray, int], float]
 ResidualFn = Callable[[np.ndarray, np.ndarray, float, int], tuple[np.ndarray, bool]]
 
 
-def _kseq_candidates(
-    rng: Rng,
-    target: np.ndarray,
-    draft: np.ndarray,
-    candidates: Sequence[int],
-    rho_fn: RhoFn = kseq_rho,
-    residual_fn: ResidualFn = kseq_residual,
-) -> tuple[int | None, np.ndarray | None, int]:
-    """§5.1 steps 1-3: (index of the accepted candidate or None, residual law or None, guards).
+def _kseq_tests(
+    rng: Rng, target_entries: np.ndarray, draft_entries: np.ndarray, rho_of: Callable[[], float]
+) -> tuple[int | None, float | None]:
+    """§5.1 step 2 on the k candidates' entries p(c_j), q(c_j) (k,), in draft order: (index of the
+    accepted candidate or None after k rejections, rho if it was computed, else None).
 
-    rho is computed lazily: a candidate with p(c) >= k q(c) is accepted with probability 1 for
-    every rho in [1, k], so the O(V) root search is skipped until a test needs rho.
-    """
-    k = len(candidates)
+    rho is computed lazily by ``rho_of()``: a candidate with p(c) >= k q(c) is accepted with
+    probability 1 for every rho in [1, k], so the root search is skipped until a test needs rho."""
+    k = len(target_entries)
     rho = 1.0 if k == 1 else None
-    for index, token in enumerate(candidates):
-        p_c, q_c = float(target[token]), float(draft[token])
+    for index in range(k):
+        p_c, q_c = float(target_entries[index]), float(draft_entries[index])
         if p_c >= k * q_c:
             accept = 1.0
         else:
             if rho is None:
-                rho = rho_fn(target, draft, k)
+                rho = rho_of()
             accept = min(1.0, p_c / (rho * q_c))
         if rng.bernoulli(accept):
-            return index, None, 0
-    if rho is None:
-        rho = rho_fn(target, draft, k)
-    dist, guard = residual_fn(target, draft, rho, k)
-    return None, dist, int(guard)
+            return index, rho
+    return None, rho
+
+
+def kseq_node(
+    rng: Rng,
+    target: Rows,
+    draft: Rows,
+    node: int,
+    candidates: Sequence[int],
+    rho_fn: RhoFn = kseq_rho,
+    residual_fn: ResidualFn = kseq_residual,
+) -> tuple[int | None, int | None, int]:
+    """§5.1 at ``node`` of a tree, reading its rows through the row providers (core.rows):
+    (index of the accepted candidate, None, 0), or (None, extra token y, guard hits) after k
+    rejections.
+
+    Only the candidates' entries are gathered for the tests. rho and the residual are computed on
+    the support S of p(.|node) (a top-p nucleus, not V), with q gathered at S; exact because every
+    sum they take vanishes outside S: D(rho) = sum_x [p - rho q]_+ (f, hence rho), beta =
+    sum_x min(q, p/rho), and the residual p - min(q, p/rho)(1 - (1 - beta)^k)/beta (and the
+    root form [p - rho q]_+) are all 0 where p = 0. None of them sums q alone, so the q mass
+    outside S is never needed."""
+    k = len(candidates)
+    nodes = [node] * k
+
+    def rho_of() -> float:
+        ids, p = target.support(node)
+        return rho_fn(p, draft.gather(node, ids), k)
+
+    index, rho = _kseq_tests(rng, target.probs_of(nodes, candidates), draft.probs_of(nodes, candidates), rho_of)
+    if index is not None:
+        return index, None, 0
+
+    def build(ids: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, bool]:
+        q = draft.gather(node, ids)
+        return residual_fn(p, q, rho if rho is not None else rho_fn(p, q, k), k)
+
+    token, guard = draw_on_support(rng, target, node, build)
+    return None, token, guard
 
 
 def kseq_step(
@@ -257,8 +290,13 @@ def kseq_step(
     """One K-SEQ position (§5.1). target p, draft q: shape (V,); candidates: k token ids drawn
     i.i.d. from q, in draft order (duplicates kept). Returns (accepted token, None), or
     (None, residual law of shape (V,)) when all k were rejected; then y ~ residual."""
-    index, dist, _ = _kseq_candidates(rng, target, draft, candidates)
-    return (None, dist) if index is None else (int(candidates[index]), None)
+    target = np.asarray(target, dtype=np.float64)
+    draft = np.asarray(draft, dtype=np.float64)
+    k = len(candidates)
+    index, rho = _kseq_tests(rng, target[list(candidates)], draft[list(candidates)], lambda: kseq_rho(target, draft, k))
+    if index is not None:
+        return int(candidates[index]), None
+    return None, kseq_residual(target, draft, kseq_rho(target, draft, k) if rho is None else rho, k)[0]
 
 
 class SpecTr(Verifier):
@@ -269,11 +307,27 @@ class SpecTr(Verifier):
     lossless = True
     supported_schemes = frozenset({DraftScheme.CHAIN, DraftScheme.IID_PATHS})
 
-    def _node_rule(self, rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence[int]):
-        return _kseq_candidates(rng, target, draft, tokens)
+    def _node_rule(self, rng: Rng, tree: DraftTree, node: int, tokens: Sequence[int]):
+        return kseq_node(rng, tree.target, tree.draft, node, tokens)
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
-        return top_down(tree, rng, self._node_rule, raw_paths=True)
+        """Top-down over the raw drafted paths (§5.2): at depth i the candidates are the i-th
+        tokens of the paths that agree with the accepted prefix, in draft order."""
+        paths = tree.paths if tree.paths else (chain_nodes(tree),)
+        alive = list(range(len(paths)))
+        node, depth = ROOT, 0
+        while True:
+            candidate_nodes = [paths[k][depth] for k in alive if len(paths[k]) > depth]
+            if not candidate_nodes:
+                bonus, _ = draw_on_support(rng, tree.target, node)
+                return result_at(tree, node, bonus, True, diagnostics={"residual_guard_hits": 0})
+            tokens = [int(tree.tokens[c]) for c in candidate_nodes]
+            index, token, guard = self._node_rule(rng, tree, node, tokens)
+            if index is None:
+                return result_at(tree, node, token, False, diagnostics={"residual_guard_hits": guard})
+            node = candidate_nodes[index]
+            alive = [k for k in alive if len(paths[k]) > depth and paths[k][depth] == node]
+            depth += 1
 
 
 class SpecTrWrongSideRho(SpecTr):
@@ -288,5 +342,5 @@ class SpecTrWrongSideRho(SpecTr):
     def _lower_rho(self, target: np.ndarray, draft: np.ndarray, k: int) -> float:
         return kseq_rho_bracket(target, draft, k, self.bisection_steps)[0]
 
-    def _node_rule(self, rng: Rng, target: np.ndarray, draft: np.ndarray, tokens: Sequence[int]):
-        return _kseq_candidates(rng, target, draft, tokens, self._lower_rho, root_form_residual)
+    def _node_rule(self, rng: Rng, tree: DraftTree, node: int, tokens: Sequence[int]):
+        return kseq_node(rng, tree.target, tree.draft, node, tokens, self._lower_rho, root_form_residual)
