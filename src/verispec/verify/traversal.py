@@ -123,6 +123,8 @@ class TraversalVerification(Verifier):
                     support[parent] = (ids, p_support, draft_rows.gather(parent, ids))
                 ids, p_support, q_support = support[parent]
                 q_now = q_support * draft_scale.get(parent, 1.0)  # Q_u over ids (a new array)
+                # Q_u as §12 defines it; the law would not change without this line: a rejected
+                # child x had a_u P_u(x) < Q_u(x), so P_u(x) = 0 since, and the surplus at x is 0
                 q_now[positions_of(ids, removed.get(parent, ()))] = 0.0
                 surplus = parent_weight * target.get(parent, p_support)
                 surplus -= q_now
