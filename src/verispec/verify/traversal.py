@@ -73,12 +73,23 @@ class TraversalVerification(Verifier):
             while node not in weight:
                 missing.append(node)
                 node = int(tree.parents[node])
-            for child in reversed(missing):
-                parent, token = int(tree.parents[child]), int(tree.tokens[child])
-                q_c = draft_entry(parent, token)
-                p_c = target_entry(parent, token)
+            if not missing:
+                return weight[node]
+            chain = missing[::-1]  # top-down from the first ancestor with a known weight
+            parents = [int(tree.parents[child]) for child in chain]
+            tokens = [int(tree.tokens[child]) for child in chain]
+            # the entries of untouched rows in one batched read (LogitRows prepares those rows
+            # together); rows updated by a rejection are read from their kept P_u / Q_u scale
+            fresh = [i for i, parent in enumerate(parents) if parent not in target]
+            p_fresh = target_rows.probs_of([parents[i] for i in fresh], [tokens[i] for i in fresh]) if fresh else ()
+            p_of = dict(zip(fresh, p_fresh))
+            q_raw = draft_rows.probs_of(parents, tokens)
+            for i, child in enumerate(chain):
+                parent, token = parents[i], tokens[i]
+                p_c = float(p_of[i]) if i in p_of else target_entry(parent, token)
+                q_c = 0.0 if token in removed.get(parent, ()) else float(q_raw[i]) * draft_scale.get(parent, 1.0)
                 weight[child] = min(1.0, weight[parent] * p_c / q_c) if q_c > 0 else 0.0
-            return weight[missing[0]] if missing else weight[node]
+            return weight[missing[0]]
 
         def forget_below(node):
             # P_u, Q_u or a_u changed: the weights of u's live subtree are recomputed on demand
