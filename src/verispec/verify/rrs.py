@@ -108,7 +108,8 @@ def _draft_entry(draft: Rows, node: int, token: int, removed: list[int], removed
 
 
 def _draft_on_support(q_support: np.ndarray, ids: np.ndarray, removed: list[int], removed_mass: float) -> np.ndarray:
-    """d_j over ids (a new array): q_S / (1 - removed mass) with the removed entries zeroed."""
+    """d_j over ids: q_S / (1 - removed mass) with the removed entries zeroed (q_S itself while
+    nothing is removed: callers must not write into it)."""
     if not removed:
         return q_support
     left = 1.0 - removed_mass
