@@ -12,6 +12,9 @@ run. Prints a table: mutant -> caught or SURVIVED, the first failing tests, seco
 
 Equivalent mutants left out on purpose: where q(x) = 0 sits in the local order (ratio 0 instead of
 +inf) never changes the law, since such tokens carry no draft mass and are never drafted.
+Traversal's zeroing of the removed tokens in Q_u on the support (verify/traversal.py, ``q_now[...]
+= 0``) is equivalent too: a child x is rejected only with a_u P_u(x) < Q_u(x), so the update sets
+P_u(x) = 0 and every later surplus at x is [0 - Q_u(x)]_+ = 0 whatever Q_u(x) holds.
 """
 
 from __future__ import annotations
@@ -362,6 +365,67 @@ MUTANTS += [
         (("verify/spectr.py", "        ids, p = target.support(node)\n        return rho_fn(p, draft.gather(node, ids), k)",
           "        ids = draft.support(node)[0]\n        return rho_fn(target.gather(node, ids), draft.gather(node, ids), k)"),),
         ("tests/verify/test_spectr.py",),
+    ),
+]
+
+
+# issue 16: the tree rules on the target's support (verify/support.py, rrs.py, spechub.py, traversal.py)
+SUPPORT_TESTS = "tests/verify/test_support.py"
+MUTANTS += [
+    Mutant(
+        "rrsw_normaliser_on_support",
+        "RRSw renormalises d_j over the target's support only (drops the draft mass outside it)",
+        (("verify/rrs.py", "    d_support = q_support / left\n",
+          "    d_support = q_support / (q_support.sum() - q_support[positions_of(ids, removed)].sum())\n"),),
+        ("tests/verify/test_rrs.py", BRANCHING),
+    ),
+    Mutant(
+        "rrs_residual_on_draft_support",
+        "RRS builds t_j on the draft's support instead of the target's",
+        (("verify/rrs.py", "ids, p_support = target.support(node)",
+          "ids = np.flatnonzero(draft.gather(node, np.arange(draft.vocab_size)) > 0); p_support = target.gather(node, ids)"),),
+        ("tests/verify/test_rrs.py", BRANCHING),
+    ),
+    Mutant(
+        "rrs_stale_target_entry",
+        "RRS tests later candidates against p(c) instead of the updated t_j(c)",
+        (("verify/rrs.py", "t_c = target.prob(node, token) if t is None else value_at(ids, t, token)",
+          "t_c = target.prob(node, token)"),),
+        ("tests/verify/test_rrs.py", BRANCHING),
+    ),
+    Mutant(
+        "spechub_r2_on_support",
+        "SpecHub's R2 sums q - pi1 over the target's support only (drops the draft mass outside it)",
+        (("verify/spechub.py", "return (1.0 - hub_mass) - (",
+          "return (float(draft.sum()) - (float(draft[hub_at]) if hub_at is not None else 0.0)) - ("),),
+        ("tests/verify/test_spechub.py", BRANCHING),
+    ),
+    Mutant(
+        "traversal_draw_from_p",
+        "traversal draws y from p(.|v) instead of the updated P_v after rejections below v",
+        (("verify/traversal.py", "            mutated = target.get(node)\n            if mutated is None:",
+          "            mutated = None\n            if mutated is None:"),),
+        (BLOCK, BRANCHING),
+    ),
+    Mutant(
+        "traversal_stale_target_entry",
+        "traversal weighs children with p(c|u) instead of the updated P_u(c)",
+        (("verify/traversal.py", "return value_at(support[node][0], mutated, token) if mutated is not None else",
+          "return target_rows.prob(node, token) if mutated is not None else"),),
+        (BLOCK, BRANCHING),
+    ),
+    Mutant(
+        "traversal_unscaled_draft",
+        "traversal's surplus uses q instead of the renormalised Q_u on the support",
+        (("verify/traversal.py", "q_now = q_support * draft_scale.get(parent, 1.0)", "q_now = q_support.copy()"),),
+        (BLOCK, BRANCHING),
+    ),
+    Mutant(
+        "support_not_realigned",
+        "a law kept over one support is drawn over another support of the row without realigning",
+        (("verify/support.py", "if ids is law_ids or (len(ids) == len(law_ids) and np.array_equal(ids, law_ids)):",
+          "if True:"),),
+        (SUPPORT_TESTS,),
     ),
 ]
 

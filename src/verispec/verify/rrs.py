@@ -22,8 +22,10 @@ Candidates per scheme:
 ``RRSDeduplicated`` is the §8.1 pitfall kept as a negative control: RRS's with-replacement
 formulas applied to the deduplicated trie children of i.i.d. paths. It is NOT lossless.
 
-All vectors are float64 of shape (V,); the work per node is O(V) per rejected candidate and
-nothing is computed over the vocabulary while candidates are accepted.
+Vectors are float64 and live on the target's support at the node (issue 16: every t_j vanishes
+outside supp(p(.|u)); ``_recursive_rejection`` says where each quantity lives): the work per node
+is O(|supp p|) per rejected candidate, nothing is computed while candidates are accepted, and no
+step reads all V entries of a row.
 """
 
 from __future__ import annotations
@@ -34,58 +36,88 @@ import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD, normalized_positive_part
 from verispec.core.rng import Rng
-from verispec.core.rows import DenseRows, Rows, draw_from
+from verispec.core.rows import DenseRows, Rows, draw_from, draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+from verispec.verify.support import SupportDraw, kept_on_support, positions_of, value_at
 
 # A node rule: (rng, target (V,), draft (V,), candidate tokens) ->
 #   (index of the accepted candidate or None, law of the extra token if none accepted, guard hits)
 NodeRule = Callable[[Rng, np.ndarray, np.ndarray, Sequence[int]], tuple[int | None, np.ndarray | None, int]]
 
 
-def _positive_residual(target: np.ndarray, draft: np.ndarray, fallback: np.ndarray) -> tuple[np.ndarray, bool]:
-    """norm([target - draft]_+), shape (V,); (fallback, True) if it has no mass, a branch of
-    probability ~0 in exact arithmetic (§1 rule 3: fall back to the node's un-modified p)."""
-    return normalized_positive_part(target - draft, fallback)
-
-
 def _recursive_rejection(
-    rng: Rng, target, draft, candidates: Sequence[int], without_replacement: bool, node: int = 0
-) -> tuple[int | None, np.ndarray | Callable | None, int]:
-    """§8.1 with diagnostics: (accepted index or None, t_m or None, residual guard hits).
+    rng: Rng, target: Rows, draft: Rows, candidates: Sequence[int], without_replacement: bool, node: int
+) -> tuple[int | None, SupportDraw | None, int]:
+    """§8.1 at ``node`` of the row providers (core.rows), with diagnostics:
+    (accepted index or None, the law of y ~ t_m as a SupportDraw or None, residual guard hits).
 
-    target / draft: the (V,) rows p(.|u), q(.|u), or row providers (core.rows) with ``node`` the
-    row to read. Until a candidate is rejected only one entry per candidate is read; full rows
-    are built at the first rejection. With point-mass target rows (greedy) every t_j is p itself
-    (norm([p - d]_+) = p, or its guard fallback p), so no row is ever built and t_m is returned
-    as a builder for ``draw_from``, which draws the argmax."""
-    if not isinstance(target, Rows):
-        target, draft, node = DenseRows(np.asarray(target)[None]), DenseRows(np.asarray(draft)[None]), 0
-    t = d = None  # None: still the untouched rows p(.|u), q(.|u)
+    Where each quantity lives (issue 16), S = supp(p(.|u)), ids, p_S = target.support(u):
+      t_j     t_0 = p vanishes outside S and t_j = norm([t_{j-1} - d_{j-1}]_+) stays 0 there, so
+              every t_j is kept over ids only; t_j(c) of a candidate c outside S is 0 (a rejection
+              unless d(c) = 0 too, as on full rows).
+      d_j     RRS: q. RRSw: d_j(x) = q(x) / Z_j for x not removed, 0 for the removed c_1..c_j, with
+              Z_j = 1 - sum_{i<=j} q(c_i) the draft mass left: a scalar, since q sums to 1 over V;
+              this is the normaliser over the whole vocabulary (the mass outside S included), the
+              law the sampler drew c_{j+1} from. Its absolute error is |1 - sum_V q| plus rounding
+              (~1e-15 for float64-normalised rows), a relative error on d_j that only grows when Z_j
+              is tiny. On S, d_j = q_S / Z_j with the removed entries zeroed (q_S = draft.gather).
+    Until a candidate is rejected only one entry per candidate is read; the support is read at the
+    first rejection. With point-mass target rows (greedy) every t_j is p itself
+    (norm([p - d]_+) = p, or its guard fallback p), so no vector is built and the extra token is
+    a draw from p (the argmax)."""
+    ids = p_support = q_support = t = None  # t None: still the untouched row p(.|u)
+    removed: list[int] = []  # RRSw: c_1..c_j, zero in d_j
+    removed_mass = 0.0  # RRSw: sum_{i<=j} q(c_i)
     guards = 0
     last = len(candidates) - 1
     for j, token in enumerate(candidates):
-        t_c = target.prob(node, token) if t is None else float(t[token])
-        d_c = draft.prob(node, token) if d is None else float(d[token])
+        t_c = target.prob(node, token) if t is None else value_at(ids, t, token)
+        d_c = _draft_entry(draft, node, token, removed, removed_mass)
         accept = 1.0 if t_c >= d_c else t_c / d_c
         if rng.bernoulli(accept):
             return j, None, guards
         if not target.greedy:
-            t, guard = _positive_residual(
-                target.row(node) if t is None else t, draft.row(node) if d is None else d, target.row(node)
-            )
+            if ids is None:
+                ids, p_support = target.support(node)
+                q_support = draft.gather(node, ids)
+                t = p_support
+            d_support = _draft_on_support(q_support, ids, removed, removed_mass)
+            t, guard = normalized_positive_part(t - d_support, p_support)
             guards += guard
         if without_replacement and j < last:
             # d_j = norm(d_{j-1} with c_j removed); support exhaustion leaves nothing to draw, so
             # the sampler stops and no further candidate reaches this line.
-            d = (draft.row(node) if d is None else d).copy()
-            d[token] = 0.0
-            mass = d.sum()
-            if mass > 0.0:
-                d *= 1.0 / mass
+            if token not in removed:
+                removed.append(token)
+                removed_mass += draft.prob(node, token)
     if t is None:
-        return None, (lambda: (target.row(node), 0)), guards
-    return None, t, guards
+        return None, SupportDraw(), guards
+    return None, kept_on_support(ids, t), guards
+
+
+def _draft_entry(draft: Rows, node: int, token: int, removed: list[int], removed_mass: float) -> float:
+    """d_j(token) = q(token) / (1 - removed mass), 0 when removed or when no draft mass is left
+    (support exhausted: d_j = 0 everywhere, as full rows leave it)."""
+    if not removed:
+        return draft.prob(node, token)
+    left = 1.0 - removed_mass
+    if token in removed or not left > 0.0:
+        return 0.0
+    return draft.prob(node, token) / left
+
+
+def _draft_on_support(q_support: np.ndarray, ids: np.ndarray, removed: list[int], removed_mass: float) -> np.ndarray:
+    """d_j over ids: q_S / (1 - removed mass) with the removed entries zeroed (q_S itself while
+    nothing is removed: callers must not write into it)."""
+    if not removed:
+        return q_support
+    left = 1.0 - removed_mass
+    if not left > 0.0:
+        return np.zeros_like(q_support)
+    d_support = q_support / left
+    d_support[positions_of(ids, removed)] = 0.0
+    return d_support
 
 
 def recursive_rejection(
@@ -98,10 +130,22 @@ def recursive_rejection(
     Returns (index of the accepted candidate, None), or (None, t_m) when every candidate was
     rejected; the extra token is then y ~ t_m (shape (V,), sums to 1).
     """
-    accepted, final_residual, _ = _recursive_rejection(rng, target, draft, candidates, without_replacement)
-    if callable(final_residual):
-        final_residual = final_residual()[0]
-    return accepted, final_residual
+    target = np.asarray(target, dtype=np.float64)
+    rows = DenseRows(target[None]), DenseRows(np.asarray(draft, dtype=np.float64)[None])
+    accepted, extra, _ = _recursive_rejection(rng, *rows, candidates, without_replacement, node=0)
+    if accepted is not None:
+        return accepted, None
+    return None, _dense_law(extra, rows[0], 0, target)
+
+
+def _dense_law(extra: SupportDraw, target_rows: Rows, node: int, target_row: np.ndarray) -> np.ndarray:
+    """A SupportDraw as the (V,) vector it stands for (zero outside the target's support)."""
+    if extra.build is None:
+        return target_row
+    ids, p_support = target_rows.support(node)
+    law = np.zeros(target_rows.vocab_size)
+    law[ids] = extra.build(ids, p_support)[0]
+    return law
 
 
 def rrs_acceptance(target: np.ndarray, draft: np.ndarray, num_candidates: int) -> float:
@@ -135,7 +179,9 @@ def top_down(tree: DraftTree, rng: Rng, node_rule: NodeRule, raw_paths: bool, re
     reads_rows=False: ``node_rule(rng, p row (V,), q row (V,), tokens)``; True:
     ``node_rule(rng, target rows, draft rows, node, tokens)`` reading the tree's row providers
     (core.rows) itself, so a node costs O(V) only where the rule needs a full row. The law of
-    the extra token a rule returns is a (V,) array or a builder () -> (law, guard hits).
+    the extra token a rule returns is a ``SupportDraw`` (drawn on the target's support at the
+    node, core.rows.draw_on_support: the rules of §8, §9 and SD), a (V,) array, or a builder
+    () -> ((V,) law, guard hits). The bonus at a leaf is drawn from p(.|leaf) on its support.
     """
     node, depth, guards = ROOT, 0, 0
     if raw_paths:
@@ -147,7 +193,7 @@ def top_down(tree: DraftTree, rng: Rng, node_rule: NodeRule, raw_paths: bool, re
         else:
             candidate_nodes = list(tree.children[node])
         if not candidate_nodes:
-            bonus, _ = draw_from(rng, tree.target, node)
+            bonus, _ = draw_on_support(rng, tree.target, node)  # p vanishes outside its support
             return result_at(tree, node, bonus, True, diagnostics={"residual_guard_hits": guards})
         tokens = [int(tree.tokens[c]) for c in candidate_nodes]
         if reads_rows:
@@ -156,8 +202,11 @@ def top_down(tree: DraftTree, rng: Rng, node_rule: NodeRule, raw_paths: bool, re
             accepted, extra_law, guard = node_rule(rng, tree.target.row(node), tree.draft.row(node), tokens)
         guards += guard
         if accepted is None:
-            build = extra_law if callable(extra_law) else (lambda law=extra_law: (law, 0))
-            token, guard = draw_from(rng, tree.target, node, build)
+            if isinstance(extra_law, SupportDraw):
+                token, guard = draw_on_support(rng, tree.target, node, extra_law.build)
+            else:
+                build = extra_law if callable(extra_law) else (lambda law=extra_law: (law, 0))
+                token, guard = draw_from(rng, tree.target, node, build)
             guards += guard
             return result_at(tree, node, token, False, diagnostics={"residual_guard_hits": guards})
         node = candidate_nodes[accepted]
@@ -172,6 +221,8 @@ def _with_replacement_rule(rng, target, draft, node, tokens):
 
 def _without_replacement_rule(rng, target, draft, node, tokens):
     return _recursive_rejection(rng, target, draft, tokens, without_replacement=True, node=node)
+
+
 class RRS(Verifier):
     """Recursive rejection sampling with replacement (§8): i.i.d. candidates, duplicates kept."""
 

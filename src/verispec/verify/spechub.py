@@ -22,14 +22,15 @@ Acceptance p(a) + sum_{x != a} min(p(x), q(x)/(1 - q(a))), the LP optimum for Q_
 Trees (§13, scheme SPECHUB_PAIR): top-down; a binary node's children are the pair in sampling
 order (x1, x2) and are verified as above; a unary node is a plain SD step; a leaf gives a bonus.
 The hub of a pair is read off the pair in O(1) (the member with the larger q, the lower id on a
-tie); that it is argmax q is checked on the rejection branches, which scan the vocabulary anyway.
+tie); that it is argmax q is checked on the rejection branches (one argmax of the draft row).
 
 ``SpecHubLiteral`` is the negative control of §9.4: the paper's literal pseudocode, where the
 update p'(a) = p(a) - A1 happens only inside the x1 = a branch (so the (x1, a) branch accepts the
 hub with probability min(p(a), R2)/R2) and the final residual keeps r(a) = p(a). NOT lossless.
 
-All vectors are float64 of shape (V,); a binary node reads two entries per side (core.rows) and
-costs O(V) only after a rejection.
+The module-level reference functions take float64 vectors of shape (V,). The verifier reads two
+entries per side at a binary node (core.rows) and, after a rejection, works on the target's
+support at the node (issue 16; ``_pair_rule`` says why each sum may skip the rest of V).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.probs import RESIDUAL_MASS_GUARD, residual
 from verispec.core.rng import Rng
 from verispec.core.rows import Rows
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.errors import InvalidDraftError
 from verispec.verify.base import Verifier, VerifyResult
 from verispec.verify.rrs import top_down
+from verispec.verify.support import SupportDraw, kept_on_support, positions_of
 
 
 def spechub_hub(draft: np.ndarray) -> int:
@@ -135,28 +137,28 @@ def spechub_acceptance(target: np.ndarray, draft: np.ndarray) -> float:
 
 
 def _sd_rule(rng: Rng, target: Rows, draft: Rows, node: int, tokens: Sequence[int]):
-    """A unary node: plain SD (§2); target / draft are the tree's row providers."""
+    """A unary node: plain SD (§2); target / draft are the tree's row providers. The residual
+    norm([p - q]_+) vanishes outside supp(p): built on the target's support (issue 16)."""
     token = tokens[0]
     p_x, q_x = target.prob(node, token), draft.prob(node, token)
     if rng.bernoulli(1.0 if p_x >= q_x else p_x / q_x):
         return 0, None, 0
-
-    def residual_law():
-        weights = target.row(node) - draft.row(node)
-        np.maximum(weights, 0.0, out=weights)
-        mass = weights.sum()
-        if not mass > RESIDUAL_MASS_GUARD:
-            return target.row(node), 1
-        weights /= mass
-        return weights, 0
-
-    return None, residual_law, 0
+    return None, SupportDraw(lambda ids, p: residual(p, draft.gather(node, ids))), 0
 
 
 def _pair_rule(rng: Rng, target_rows: Rows, draft_rows: Rows, node: int, tokens: Sequence[int], literal: bool):
     """A binary node with the pair (x1, x2) in sampling order (§9.3; §9.4 when ``literal``).
-    Returns (accepted index, residual law (array or builder) or None, guard hits). The pair's
-    entries come from one gather per side; full rows only after the first test rejects."""
+    Returns (accepted index, SupportDraw of the residual r or None, guard hits). The pair's
+    entries come from one gather per side; the target's support only after the first test rejects.
+
+    Where each quantity lives (issue 16), S = supp(p(.|u)), ids, p_S = target.support(u),
+    q_S = draft.gather(u, ids), c = q(a)/(1 - q(a)):
+      pi1(x) = min(p, q), pi2(x) = min([p - q]_+, c q) and r(x) = [p - (1 + c) q]_+ are 0 where
+      p(x) = 0, so R1 = q(a) - sum_{x != a} pi2(x) and r are sums / vectors over S;
+      R2 = sum_{x != a} (q(x) - pi1(x)) = (1 - q(a)) - sum_{S - {a}} pi1: the draft's mass outside
+      S enters only through sum_V q = 1 (a scalar), never by a pass over V.
+    The hub check (a = argmax q) is the one read of a whole row: an argmax of the draft row (no
+    arithmetic over V), on the rejection branches only."""
     first, second = int(tokens[0]), int(tokens[1])
     p_first, p_second = target_rows.probs_of([node, node], [first, second])
     q_first, q_second = draft_rows.probs_of([node, node], [first, second])
@@ -168,10 +170,10 @@ def _pair_rule(rng: Rng, target_rows: Rows, draft_rows: Rows, node: int, tokens:
         p_x, q_x = float(p_first), float(q_first)
         if rng.bernoulli(1.0 if p_x >= q_x else p_x / q_x):
             return 0, None, 0
-        target, draft = target_rows.row(node), draft_rows.row(node)
-        _check_hub(draft, hub, first, second)
-        r2 = _r2(target, draft, hub)
-        a1 = min(p_hub, _r1(target, draft, hub, ratio_hub))
+        _check_hub(draft_rows, node, hub, first, second)
+        ids, target, draft, hub_at = _on_support(target_rows, draft_rows, node, hub)
+        r2 = _r2(target, draft, hub_at, hub_mass)
+        a1 = min(p_hub, _r1(target, draft, hub_at, hub_mass, ratio_hub))
         hub_target = p_hub if literal else p_hub - a1  # literal: p'(a) never updated here
         a2 = min(hub_target, r2)
         if rng.bernoulli(a2 / r2 if r2 > 0.0 else 0.0):
@@ -182,23 +184,32 @@ def _pair_rule(rng: Rng, target_rows: Rows, draft_rows: Rows, node: int, tokens:
         pair_mass = ratio_hub * q_x
         if rng.bernoulli(min(max(p_x - q_x, 0.0), pair_mass) / pair_mass):
             return 1, None, 0
-        target, draft = target_rows.row(node), draft_rows.row(node)
-        _check_hub(draft, hub, first, second)
-        r1 = _r1(target, draft, hub, ratio_hub)
+        _check_hub(draft_rows, node, hub, first, second)
+        ids, target, draft, hub_at = _on_support(target_rows, draft_rows, node, hub)
+        r1 = _r1(target, draft, hub_at, hub_mass, ratio_hub)
         a1 = min(p_hub, r1)
         if rng.bernoulli(a1 / r1 if r1 > 0.0 else 0.0):
             return 0, None, 0
-        r2 = _r2(target, draft, hub)
+        r2 = _r2(target, draft, hub_at, hub_mass)
         a2_final = min(p_hub - a1, r2)
     weights = draft * -(1.0 + ratio_hub)  # [[p - q]_+ - Q(a, .)]_+ = [p - (1 + c) q]_+
     weights += target
     np.maximum(weights, 0.0, out=weights)
-    weights[hub] = p_hub if literal else max(p_hub - a1 - a2_final, 0.0)
+    if hub_at is not None:  # a outside S: p(a) = 0, so r(a) = 0 in both readings
+        weights[hub_at] = p_hub if literal else max(p_hub - a1 - a2_final, 0.0)
     mass = weights.sum()
     if not mass > RESIDUAL_MASS_GUARD:
-        return None, target, 1
+        return None, kept_on_support(ids, target, guard=1), 0
     weights /= mass
-    return None, weights, 0
+    return None, kept_on_support(ids, weights), 0
+
+
+def _on_support(target_rows: Rows, draft_rows: Rows, node: int, hub: int):
+    """(ids, p over ids, q over ids, position of the hub in ids or None) at ``node``."""
+    ids, target = target_rows.support(node)
+    draft = draft_rows.gather(node, ids)
+    hub_at = positions_of(ids, [hub])
+    return ids, target, draft, (int(hub_at[0]) if len(hub_at) else None)
 
 
 def _pair_hub(q_first: float, q_second: float, first: int, second: int) -> int:
@@ -215,30 +226,34 @@ def _pair_hub(q_first: float, q_second: float, first: int, second: int) -> int:
     return min(first, second)
 
 
-def _check_hub(draft: np.ndarray, hub: int, first: int, second: int) -> None:
-    """Confirm the inferred hub is argmax q; run only on branches that do O(V) work anyway."""
-    if spechub_hub(draft) != hub:
+def _check_hub(draft_rows: Rows, node: int, hub: int, first: int, second: int) -> None:
+    """Confirm the inferred hub is argmax q (the engine builds trees unvalidated); run only on the
+    rejection branches."""
+    found = draft_rows.argmax(node)
+    if found != hub:
         raise InvalidDraftError(
-            f"SpecHub node has children ({first}, {second}) but the hub is {spechub_hub(draft)}; "
+            f"SpecHub node has children ({first}, {second}) but the hub is {found}; "
             "draw SPECHUB_PAIR trees with sample_spechub_pair"
         )
 
 
-def _r1(target: np.ndarray, draft: np.ndarray, hub: int, ratio_hub: float) -> float:
+def _r1(target: np.ndarray, draft: np.ndarray, hub_at: int | None, hub_mass: float, ratio_hub: float) -> float:
     """R1 = sum_{x != a} (Q(a, x) - pi2(x)) = q(a) - sum_{x != a} min([p - q]_+, Q(a, x)), using
-    min([p - q]_+, c q) = [min(p, (1 + c) q) - q]_+ (one (V,) temporary)."""
+    min([p - q]_+, c q) = [min(p, (1 + c) q) - q]_+; target / draft over the target's support
+    (pi2 = 0 outside it), hub_at the hub's position there or None."""
     pi2 = draft * (1.0 + ratio_hub)
     np.minimum(pi2, target, out=pi2)
     pi2 -= draft
     np.maximum(pi2, 0.0, out=pi2)
-    return float(draft[hub]) - (float(pi2.sum()) - float(pi2[hub]))
+    return hub_mass - (float(pi2.sum()) - (float(pi2[hub_at]) if hub_at is not None else 0.0))
 
 
-def _r2(target: np.ndarray, draft: np.ndarray, hub: int) -> float:
-    """R2 = sum_{x != a} (q(x) - pi1(x)) = sum_{x != a} [q(x) - p(x)]_+."""
-    surplus = draft - target
-    np.maximum(surplus, 0.0, out=surplus)
-    return float(surplus.sum()) - float(surplus[hub])
+def _r2(target: np.ndarray, draft: np.ndarray, hub_at: int | None, hub_mass: float) -> float:
+    """R2 = sum_{x != a} (q(x) - pi1(x)) = (1 - q(a)) - sum_{x != a} min(p(x), q(x)); pi1 = 0
+    outside the target's support, and sum_{x != a} q(x) = 1 - q(a) carries the draft's mass
+    outside it (target / draft over the support, hub_at the hub's position there or None)."""
+    pi1 = np.minimum(target, draft)
+    return (1.0 - hub_mass) - (float(pi1.sum()) - (float(pi1[hub_at]) if hub_at is not None else 0.0))
 
 
 class SpecHub(Verifier):

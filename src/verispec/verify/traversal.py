@@ -16,14 +16,30 @@ from __future__ import annotations
 import numpy as np
 
 from verispec.core.rng import Rng
-from verispec.core.rows import draw_from
+from verispec.core.rows import draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, result_at
+from verispec.verify.support import positions_of, realigned, value_at
 
 _WITHOUT_REPLACEMENT_SCHEMES = frozenset({DraftScheme.IID_PATHS, DraftScheme.WITHOUT_REPLACEMENT, DraftScheme.CHAIN})
 
 
 class TraversalVerification(Verifier):
+    """§12 on the row providers (core.rows), P_u kept on the target's support (issue 16).
+
+    Where each quantity lives, S_u = supp(p(.|u)), ids, p_S = target.support(u):
+      P_u   starts as p(.|u) and is replaced by norm([a_u P_u - Q_u]_+), which is 0 wherever P_u
+            is (a positive part of a non-positive number): P_u vanishes outside S_u, is kept over
+            ids, and P_u(c) of a child token c outside S_u is 0.
+      S     sum_z [a_u P_u(z) - Q_u(z)]_+ has no term outside S_u (P_u = 0 there): a sum over ids.
+      Q_u   q(.|u) with the rejected tokens x_1..x_k zeroed and renormalised one at a time,
+            Q <- Q / (1 - Q(x)) (Q sums to 1, so the normaliser is one entry): kept as a scalar
+            scale, Q_u(z) = q(z) * scale for z not removed, so Q_u's mass outside S_u (which the
+            renormalisation covers) costs nothing; over ids it is draft.gather(u, ids) * scale.
+    A node's target is read through entries until one of its children is rejected; no step reads
+    all V entries of a row. Greedy target rows keep P_u = p (see below).
+    """
+
     name = "traversal"
     section = "§12"
     lossless = True
@@ -34,28 +50,46 @@ class TraversalVerification(Verifier):
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         update_draft = tree.scheme in _WITHOUT_REPLACEMENT_SCHEMES
         target_rows, draft_rows = tree.target, tree.draft
-        target = {}  # node -> mutated P_u (copy on write); absent: the tree's row
-        draft = {}  # node -> mutated Q_u
+        support = {}  # node -> (ids, p over ids, q over ids), read at the first rejection below it
+        target = {}  # node -> mutated P_u over its support's ids; absent: the tree's row
+        draft_scale = {}  # node -> scale of Q_u = q * scale off the removed tokens; absent: 1
+        removed = {}  # node -> tokens zeroed in Q_u (scheme (a))
         live_children = [list(kids) for kids in tree.children]
         # a_u, computed when first needed: a_c = min(1, a_u P_u(c)/Q_u(c)) depends on the root
         # path only, so the first post-order leaf needs one row entry per ancestor, not the tree
         weight: dict[int, float] = {ROOT: 1.0}
 
-        def entry(rows, mutated, node, token):
-            row = mutated.get(node)
-            return float(row[token]) if row is not None else rows.prob(node, token)
+        def target_entry(node, token):
+            mutated = target.get(node)
+            return value_at(support[node][0], mutated, token) if mutated is not None else target_rows.prob(node, token)
+
+        def draft_entry(node, token):
+            if token in removed.get(node, ()):
+                return 0.0
+            return draft_rows.prob(node, token) * draft_scale.get(node, 1.0)
 
         def weight_of(node):
             missing = []
             while node not in weight:
                 missing.append(node)
                 node = int(tree.parents[node])
-            for child in reversed(missing):
-                parent, token = int(tree.parents[child]), int(tree.tokens[child])
-                q_c = entry(draft_rows, draft, parent, token)
-                p_c = entry(target_rows, target, parent, token)
+            if not missing:
+                return weight[node]
+            chain = missing[::-1]  # top-down from the first ancestor with a known weight
+            parents = [int(tree.parents[child]) for child in chain]
+            tokens = [int(tree.tokens[child]) for child in chain]
+            # the entries of untouched rows in one batched read (LogitRows prepares those rows
+            # together); rows updated by a rejection are read from their kept P_u / Q_u scale
+            fresh = [i for i, parent in enumerate(parents) if parent not in target]
+            p_fresh = target_rows.probs_of([parents[i] for i in fresh], [tokens[i] for i in fresh]) if fresh else ()
+            p_of = dict(zip(fresh, p_fresh))
+            q_raw = draft_rows.probs_of(parents, tokens)
+            for i, child in enumerate(chain):
+                parent, token = parents[i], tokens[i]
+                p_c = float(p_of[i]) if i in p_of else target_entry(parent, token)
+                q_c = 0.0 if token in removed.get(parent, ()) else float(q_raw[i]) * draft_scale.get(parent, 1.0)
                 weight[child] = min(1.0, weight[parent] * p_c / q_c) if q_c > 0 else 0.0
-            return weight[missing[0]] if missing else weight[node]
+            return weight[missing[0]]
 
         def forget_below(node):
             # P_u, Q_u or a_u changed: the weights of u's live subtree are recomputed on demand
@@ -65,18 +99,23 @@ class TraversalVerification(Verifier):
                 weight.pop(child, None)
                 stack.extend(live_children[child])
 
-        def law_at(node):
-            return lambda: (target[node], False) if node in target else (target_rows.row(node), False)
+        def draw_at(node):
+            """y ~ P_node, on the target's support (P_u vanishes outside it)."""
+            mutated = target.get(node)
+            if mutated is None:
+                return draw_on_support(rng, target_rows, node)[0]
+            kept_ids = support[node][0]
+            return draw_on_support(rng, target_rows, node, lambda ids, _p: (realigned(kept_ids, mutated, ids), 0))[0]
 
         while True:
             node = ROOT
             while live_children[node]:
                 node = live_children[node][0]
             if node == ROOT:
-                return result_at(tree, ROOT, draw_from(rng, target_rows, ROOT, law_at(ROOT))[0], False)
+                return result_at(tree, ROOT, draw_at(ROOT), False)
             if rng.bernoulli(weight_of(node)):
                 is_bonus = not tree.children[node]
-                return result_at(tree, node, draw_from(rng, target_rows, node, law_at(node))[0], is_bonus)
+                return result_at(tree, node, draw_at(node), is_bonus)
             parent = int(tree.parents[node])
             token = int(tree.tokens[node])
             live_children[parent].remove(node)
@@ -88,11 +127,18 @@ class TraversalVerification(Verifier):
                 # P_u is a point mass at its argmax a: [a_u P_u - Q_u]_+ lives on {a}, so P_u is
                 # unchanged (or kept when S = 0) and S = [a_u - Q_u(a)]_+ needs one entry per row
                 top = target_rows.argmax(parent)
-                mass = max(parent_weight * entry(target_rows, target, parent, top) - entry(draft_rows, draft, parent, top), 0.0)
+                mass = max(parent_weight * target_entry(parent, top) - draft_entry(parent, top), 0.0)
             else:
-                p_row = target.get(parent, target_rows.row(parent))
-                surplus = parent_weight * p_row
-                surplus -= draft.get(parent, draft_rows.row(parent))
+                if parent not in support:
+                    ids, p_support = target_rows.support(parent)
+                    support[parent] = (ids, p_support, draft_rows.gather(parent, ids))
+                ids, p_support, q_support = support[parent]
+                q_now = q_support * draft_scale.get(parent, 1.0)  # Q_u over ids (a new array)
+                # Q_u as §12 defines it; the law would not change without this line: a rejected
+                # child x had a_u P_u(x) < Q_u(x), so P_u(x) = 0 since, and the surplus at x is 0
+                q_now[positions_of(ids, removed.get(parent, ()))] = 0.0
+                surplus = parent_weight * target.get(parent, p_support)
+                surplus -= q_now
                 np.maximum(surplus, 0.0, out=surplus)
                 mass = float(surplus.sum())
                 if mass > 0.0:  # S = 0 is legitimate (a_u P_u <= Q_u everywhere): P_u is then kept
@@ -103,9 +149,8 @@ class TraversalVerification(Verifier):
             denominator = mass + 1.0 - parent_weight
             weight[parent] = min(1.0, mass / denominator) if denominator > 0.0 else 1.0
             if update_draft:
-                q_row = draft.get(parent, draft_rows.row(parent))
-                remaining = 1.0 - float(q_row[token])  # Q_u sums to 1: no pass over V needed
-                reduced = q_row / remaining if remaining > 0 else q_row.copy()
-                reduced[token] = 0.0
-                draft[parent] = reduced
+                remaining = 1.0 - draft_entry(parent, token)  # Q_u sums to 1: no pass over V needed
+                if remaining > 0:
+                    draft_scale[parent] = draft_scale.get(parent, 1.0) / remaining
+                removed.setdefault(parent, set()).add(token)
             forget_below(parent)
