@@ -151,6 +151,19 @@ class NativeLlamaRunner:
         self.feature_layers: tuple[int, ...] | None = None
         self.last_features: torch.Tensor | None = None
 
+    def share_weights_from(self, other: "NativeLlamaRunner") -> bool:
+        """Multiply with ``other``'s oneDNN-packed weights and free this runner's own packed copy.
+
+        Packed weights are read-only after construction, so runners of the SAME model (e.g. one per
+        server worker, each with its own KV cache) can share one set instead of one copy each.
+        Returns whether anything was shared: False unless both runners prepack and run one model
+        (unpacked runners already multiply with the module's own weights).
+        """
+        if not (self.prepacked and other.prepacked) or self.model is not other.model:
+            return False
+        self.linears, self.head = other.linears, other.head
+        return True
+
     def reset(self) -> None:
         self.length = 0
 
