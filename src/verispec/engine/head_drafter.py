@@ -37,7 +37,8 @@ import torch
 from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.engine.drafters import DraftFn, _RoundFn
 from verispec.errors import ConfigError
-from verispec.models.head_formats import SHIPPED_HEAD_DIR  # one definition: the CLI exporter resolves "head" there too
+# one definition each: the CLI exporter resolves "head" in SHIPPED_HEAD_DIR too, load_any_head runs the same check
+from verispec.models.head_formats import SHIPPED_HEAD_DIR, check_head_matches_target
 
 MIN_CAPACITY = 256
 # rules whose target modification assumes q(.|prefix) is a function of the token sequence alone
@@ -89,28 +90,6 @@ def load_head_source(draft, target) -> object:
     ).eval()
 
 
-def check_head_fits(head, target) -> None:
-    """ConfigError unless ``head``'s vocabulary, feature width and feature layers fit the target adapter."""
-    config = head.config
-    text = target.model.config.get_text_config(decoder=True)
-    if config.vocab_size != target.vocab_size:
-        raise ConfigError(
-            f"the draft head predicts over {config.vocab_size} tokens but the target has {target.vocab_size}; "
-            "use a head trained for this target"
-        )
-    if config.target_hidden_size != int(text.hidden_size):
-        raise ConfigError(
-            f"the draft head reads target features of width {config.target_hidden_size} but the target's hidden "
-            f"size is {int(text.hidden_size)}; use a head trained for this target"
-        )
-    layers = int(text.num_hidden_layers)
-    if any(not 0 <= i < layers for i in config.aux_layer_ids):
-        raise ConfigError(
-            f"the draft head reads hidden states {list(config.aux_layer_ids)} but the target has {layers} layers "
-            f"(valid layer inputs 0..{layers - 1}); use a head trained for this target"
-        )
-
-
 class HeadDrafter:
     """A drafter over an ``Eagle3Head`` and the target adapter whose features it reads.
 
@@ -120,7 +99,7 @@ class HeadDrafter:
     """
 
     def __init__(self, head, target, params: SamplingParams):
-        check_head_fits(head, target)
+        check_head_matches_target(head.config, target.model.config)
         self.head = head
         self.target = target
         self.params = params
