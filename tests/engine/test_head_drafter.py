@@ -85,12 +85,13 @@ def recompute_row(head, target, committed, prefix, params) -> np.ndarray:
     return logits_to_probs(head.target_logits(out[0]), params)[0]
 
 
-@pytest.mark.parametrize("backend", ["native", "transformers"])
-def test_q_rows_equal_a_from_scratch_recompute(backend):
+@pytest.mark.parametrize("backend, head_capacity", [("native", 256), ("transformers", 256), ("native", 2)])
+def test_q_rows_equal_a_from_scratch_recompute(backend, head_capacity):
+    """head_capacity 2: the head's KV buffers grow many times, in begin_round and in deeper levels."""
     target, head = pair()
     adapter = HFModelAdapter(target, backend=backend)
     params = SamplingParams(1.0, 0, 1.0)
-    drafter = HeadDrafter(head, adapter, params)
+    drafter = HeadDrafter(head, adapter, params, initial_capacity=head_capacity)
     rng = SeededRng(7)
     checked = 0
     for prompt in ([1, 5, 2, 7, 3], [4, 0]):
