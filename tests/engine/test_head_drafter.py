@@ -85,12 +85,13 @@ def recompute_row(head, target, committed, prefix, params) -> np.ndarray:
     return logits_to_probs(head.target_logits(out[0]), params)[0]
 
 
-@pytest.mark.parametrize("backend", ["native", "transformers"])
-def test_q_rows_equal_a_from_scratch_recompute(backend):
+@pytest.mark.parametrize("backend, head_capacity", [("native", 256), ("transformers", 256), ("native", 2)])
+def test_q_rows_equal_a_from_scratch_recompute(backend, head_capacity):
+    """head_capacity 2: the head's KV buffers grow many times, in begin_round and in deeper levels."""
     target, head = pair()
     adapter = HFModelAdapter(target, backend=backend)
     params = SamplingParams(1.0, 0, 1.0)
-    drafter = HeadDrafter(head, adapter, params)
+    drafter = HeadDrafter(head, adapter, params, initial_capacity=head_capacity)
     rng = SeededRng(7)
     checked = 0
     for prompt in ([1, 5, 2, 7, 3], [4, 0]):
@@ -201,10 +202,10 @@ def test_missing_shipped_head_and_mismatched_heads_are_refused(monkeypatch, tmp_
     with pytest.raises(ConfigError, match="ships no trained draft head"):
         SpeculativeDecoder(target, "head", method="sd")
     other = tiny_llama(4, vocab_size=6, layers=LAYERS)
-    with pytest.raises(ConfigError, match="predicts over 8 tokens but the target has 6"):
+    with pytest.raises(ConfigError, match="head vocabulary 8 != target vocabulary 6"):
         SpeculativeDecoder(other, head, method="sd")
     shallow = tiny_llama(4, vocab_size=8, layers=4)
-    with pytest.raises(ConfigError, match="4 layers"):
+    with pytest.raises(ConfigError, match=r"outside the target's layer inputs \[0, 3\] \(the target has 4 layers\)"):
         SpeculativeDecoder(shallow, head, method="sd")
 
 

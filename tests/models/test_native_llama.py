@@ -106,6 +106,40 @@ def test_prepacked_bf16_weights_give_the_same_logits():
     assert NativeLlamaRunner(llama()).prepacked is False  # fp32: F.linear on the module weights
 
 
+def _packs_float32() -> bool:
+    """Whether this torch build has the oneDNN packed linear for float32 (the runner packs only bf16
+    by default, but accepts prepack=True; the sharing logic is the same for either dtype)."""
+    try:
+        weight = torch.ones(4, 8)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2, 8), packed, None, "none", [], "")
+    except (RuntimeError, AttributeError):
+        return False
+    return True
+
+
+def test_runners_of_one_model_share_packed_weights():
+    """share_weights_from (the server's workers): the second runner multiplies with the first's packed
+    weights, with unchanged logits; runners of another model, or unpacked ones, are left alone."""
+    if not _packs_float32():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    model = llama()
+    first, second = NativeLlamaRunner(model, prepack=True), NativeLlamaRunner(model, prepack=True)
+    ids, positions = [3, 1, 4, 1, 5, 9, 2, 6], list(range(8))
+    own = second.forward(ids, positions, None, keep=8)
+    assert second.linears is not first.linears
+    assert second.share_weights_from(first)
+    assert second.linears is first.linears and second.head is first.head is not None
+    second.reset()
+    assert torch.equal(second.forward(ids, positions, None, keep=8), own)
+
+    other = NativeLlamaRunner(llama(), prepack=True)  # same shapes, another model
+    assert not other.share_weights_from(first) and other.linears is not first.linears
+    plain = NativeLlamaRunner(model, prepack=False)
+    assert not plain.share_weights_from(first) and plain.linears is not first.linears
+    assert not first.share_weights_from(plain) and first.linears[0][0].packed  # keeps its packed set
+
+
 def test_output_layer_hooks_still_fire():
     # SPRINTER's feature extractor reads the hidden states through a pre-hook on the output layer.
     model = llama()

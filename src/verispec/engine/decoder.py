@@ -432,9 +432,10 @@ class SpeculativeDecoder(TextDecoding):
             return None
         return draft_len, None if self.tree is None else self.tree[:draft_len]
 
-    def _draft(self, rng, draft_fn) -> DraftSkeleton:
+    def _draft(self, rng, draft_fn, draft_len: int, tree: list[int] | None) -> DraftSkeleton:
+        """Sample this round's draft: ``tree`` (children per depth) when given, else ``num_drafts``
+        i.i.d. paths of ``draft_len`` tokens; both as ``_fitting_shape`` cut them for the round."""
         spec = self.spec
-        draft_len, tree = getattr(self, "_round_shape", None) or (self.draft_len, self.tree)
         if tree is None and spec.tree_scheme is DraftScheme.DETERMINISTIC:
             raise ConfigError(
                 f"method {spec.name!r} with a sampled draft needs a tree shape (e.g. tree=[2, 2, 1] / --tree 2,2,1), "
@@ -480,16 +481,17 @@ class SpeculativeDecoder(TextDecoding):
         windows: tuple = ()
         stop_reason = "max_new_tokens"
         while True:
-            self._round_shape = self._fitting_shape(len(prompt_ids) + len(generated), windows)
-            if self._round_shape is None:
+            shape = self._fitting_shape(len(prompt_ids) + len(generated), windows)
+            if shape is None:
                 stop_reason = "context"
                 break
+            draft_len, tree = shape
             if self.spec is None:
                 step, output_tokens, windows = self._plain_round(rng)
             elif getattr(self.drafter, "deterministic", False):
                 step, output_tokens = self._token_tree_round(rng, len(prompt_ids) + len(generated))
             else:
-                step, output_tokens, windows = self._round(rng, windows)
+                step, output_tokens, windows = self._round(rng, windows, draft_len, tree)
             tic = time.perf_counter()
             generated.extend(output_tokens)
             stop_reason = self._stop_reason(generated)
@@ -523,10 +525,12 @@ class SpeculativeDecoder(TextDecoding):
         self.target.commit([], token)
         return StepStats(0, 1, 0, 1, 0.0, target_seconds, 0.0, time.perf_counter() - tic), [token], ()
 
-    def _round(self, rng, windows):
+    def _round(self, rng, windows, draft_len: int, tree: list[int] | None):
+        """One speculative round with this round's shape (``_fitting_shape``): draft, score, verify,
+        commit. Returns (StepStats, emitted tokens, windows in force at the next root)."""
         tic = time.perf_counter()
         calls_before = self.drafter.calls
-        skeleton = self._draft(rng, self.drafter.begin_round())
+        skeleton = self._draft(rng, self.drafter.begin_round(), draft_len, tree)
         draft_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()

@@ -37,9 +37,10 @@ import torch
 from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.engine.drafters import DraftFn, _RoundFn
 from verispec.errors import ConfigError
-from verispec.models.head_formats import SHIPPED_HEAD_DIR  # one definition: the CLI exporter resolves "head" there too
+# one definition each: the CLI exporter resolves "head" in SHIPPED_HEAD_DIR too, load_any_head runs the same check
+from verispec.models.head_formats import SHIPPED_HEAD_DIR, check_head_matches_target
+from verispec.models.kv_buffer import MIN_CAPACITY, KVBuffers
 
-MIN_CAPACITY = 256
 # rules whose target modification assumes q(.|prefix) is a function of the token sequence alone
 CONTEXT_ONLY_Q_RULES = ("gbv-mod", "spectr-gbv-star")
 
@@ -89,38 +90,17 @@ def load_head_source(draft, target) -> object:
     ).eval()
 
 
-def check_head_fits(head, target) -> None:
-    """ConfigError unless ``head``'s vocabulary, feature width and feature layers fit the target adapter."""
-    config = head.config
-    text = target.model.config.get_text_config(decoder=True)
-    if config.vocab_size != target.vocab_size:
-        raise ConfigError(
-            f"the draft head predicts over {config.vocab_size} tokens but the target has {target.vocab_size}; "
-            "use a head trained for this target"
-        )
-    if config.target_hidden_size != int(text.hidden_size):
-        raise ConfigError(
-            f"the draft head reads target features of width {config.target_hidden_size} but the target's hidden "
-            f"size is {int(text.hidden_size)}; use a head trained for this target"
-        )
-    layers = int(text.num_hidden_layers)
-    if any(not 0 <= i < layers for i in config.aux_layer_ids):
-        raise ConfigError(
-            f"the draft head reads hidden states {list(config.aux_layer_ids)} but the target has {layers} layers "
-            f"(valid layer inputs 0..{layers - 1}); use a head trained for this target"
-        )
-
-
 class HeadDrafter:
     """A drafter over an ``Eagle3Head`` and the target adapter whose features it reads.
 
     head: ``models.eagle_head.Eagle3Head`` (dtype/device as it is); target: the decoder's
     ``HFModelAdapter`` (``enable_features`` is called here, takes effect at its next reset);
-    params: the draft's sampling parameters.
+    params: the draft's sampling parameters; initial_capacity: head KV entries allocated at first
+    (doubled when a round needs more, ``models.kv_buffer``).
     """
 
-    def __init__(self, head, target, params: SamplingParams):
-        check_head_fits(head, target)
+    def __init__(self, head, target, params: SamplingParams, initial_capacity: int = MIN_CAPACITY):
+        check_head_matches_target(head.config, target.model.config)
         self.head = head
         self.target = target
         self.params = params
@@ -130,7 +110,8 @@ class HeadDrafter:
         target.enable_features(self.feature_layers)  # validates them against the target now
         self.embed_tokens = target.model.get_input_embeddings()
         self._param = next(head.parameters())
-        self._keys = self._values = None  # (1, kv_heads, capacity, head_dim)
+        config = head.config
+        self._kv = KVBuffers(1, config.num_key_value_heads, config.head_dim, self._param, initial_capacity)  # one layer
         self._committed = 0  # head entries over committed pairs (entries 0.._committed-1)
         self._speculative = 0  # this round's entries, after the committed ones
         self._tokens: list[int] = []  # committed tokens, pending root last
@@ -143,21 +124,6 @@ class HeadDrafter:
         self._tokens = [int(t) for t in prompt_ids]
         self._committed = self._speculative = 0
         self._nodes, self._ancestors = {}, {}
-
-    def _reserve(self, needed: int) -> None:
-        capacity = 0 if self._keys is None else self._keys.shape[2]
-        if needed <= capacity:
-            return
-        capacity = max(MIN_CAPACITY, capacity)
-        while capacity < needed:
-            capacity *= 2
-        config = self.head.config
-        shape = (1, config.num_key_value_heads, capacity, config.head_dim)
-        keys, values = self._param.new_zeros(shape), self._param.new_zeros(shape)
-        used = self._committed + self._speculative
-        if self._keys is not None:
-            keys[:, :, :used], values[:, :, :used] = self._keys[:, :, :used], self._values[:, :, :used]
-        self._keys, self._values = keys, values
 
     def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], device=self.embed_tokens.weight.device)
@@ -186,12 +152,11 @@ class HeadDrafter:
             hidden = self.head.project(features.to(device=self._param.device, dtype=self._param.dtype))[None]
             embeds = self._embed(self._tokens[start + 1 : last + 2])
             positions = torch.arange(start, last + 1, device=self._param.device)[None]
-            self._reserve(last + 1)
-            result = self.head.step(
-                hidden, embeds, positions, self._keys[:, :, :start], self._values[:, :, :start], None,
-            )
-            self._keys[:, :, start : last + 1] = result.keys
-            self._values[:, :, start : last + 1] = result.values
+            self._kv.reserve(last + 1, used=start)
+            keys, values = self._kv.keys[0], self._kv.values[0]
+            result = self.head.step(hidden, embeds, positions, keys[:, :, :start], values[:, :, :start], None)
+            keys[:, :, start : last + 1] = result.keys
+            values[:, :, start : last + 1] = result.values
             self._committed = last + 1
             self._root_out = result.out[0, -1]
             self.calls += 1
@@ -223,7 +188,8 @@ class HeadDrafter:
             raise ConfigError("a one-token prompt gives the draft head no target features to draft deeper; use a longer prompt")
         count = len(prefixes)
         first = self._committed + self._speculative
-        self._reserve(first + count)
+        self._kv.reserve(first + count, used=first)
+        keys, values = self._kv.keys[0], self._kv.values[0]
         hidden = torch.stack([self._nodes[p[:-1]][1] for p in prefixes])[None]
         embeds = self._embed([p[-1] for p in prefixes])
         depth = len(prefixes[0])
@@ -234,9 +200,9 @@ class HeadDrafter:
             entries = self._ancestors[prefix[:-1]] + [self._speculative + row]
             self._ancestors[prefix] = entries
             allowed[row, [self._committed + e for e in entries]] = True
-        result = self.head.step(hidden, embeds, positions, self._keys[:, :, :first], self._values[:, :, :first], allowed[None])
-        self._keys[:, :, first : first + count] = result.keys
-        self._values[:, :, first : first + count] = result.values
+        result = self.head.step(hidden, embeds, positions, keys[:, :, :first], values[:, :, :first], allowed[None])
+        keys[:, :, first : first + count] = result.keys
+        values[:, :, first : first + count] = result.values
         for row, prefix in enumerate(prefixes):
             self._nodes[prefix] = (self._speculative + row, result.out[0, row])
         self._speculative += count

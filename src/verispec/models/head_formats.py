@@ -288,7 +288,14 @@ def load_head_for_target(source: str | Path, target, dtype: torch.dtype | None =
 
 
 def check_head_matches_target(config: HeadConfig, target_config) -> None:
-    """ConfigError when the head cannot read this target's features or share its vocabulary."""
+    """ConfigError unless the head's vocabulary, feature width and feature layer ids fit the target.
+
+    target_config: the target's transformers config (a multimodal one is read through its decoder
+    text config) or any object with vocab_size, hidden_size and num_hidden_layers. The one check of
+    a head against its target: ``load_any_head`` and ``engine.head_drafter.HeadDrafter`` use it.
+    """
+    if hasattr(target_config, "get_text_config"):
+        target_config = target_config.get_text_config(decoder=True)
     vocab = int(target_config.vocab_size)
     if config.vocab_size != vocab:
         raise ConfigError(
@@ -298,12 +305,13 @@ def check_head_matches_target(config: HeadConfig, target_config) -> None:
     hidden = int(target_config.hidden_size)
     if config.target_hidden_size != hidden:
         raise ConfigError(f"head reads target features of width {config.target_hidden_size}, the target's hidden size "
-                          f"is {hidden}: the head was trained for another target")
+                          f"is {hidden}: the head was trained for another target; use a head trained for this target")
     layers = int(target_config.num_hidden_layers)
     bad = [i for i in config.aux_layer_ids if not 0 <= i <= layers - 1]
     if bad:
         raise ConfigError(f"head feature layer ids {list(config.aux_layer_ids)} include {bad}, outside the target's "
-                          f"layer inputs [0, {layers - 1}]")
+                          f"layer inputs [0, {layers - 1}] (the target has {layers} layers): the head was trained "
+                          "for another target; use a head trained for this target")
 
 
 def _read_json(path: Path) -> dict:

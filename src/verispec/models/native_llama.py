@@ -9,7 +9,7 @@ draft that is called once per drafted token, that overhead is a sizeable share o
 
 ``NativeLlamaRunner`` computes the same function (same weights, read in place from the
 transformers modules, no copy) in the style of gpt-fast: a short loop over layers with
-``F.linear``, one preallocated key/value buffer per layer written in place, and
+``F.linear``, one preallocated key/value buffer per layer written in place (``models.kv_buffer``), and
 ``scaled_dot_product_attention`` with ``enable_gqa``. Rotary embeddings come from the model's own
 ``rotary_emb`` module, so every RoPE variant transformers supports (default, llama3, linear,
 dynamic, yarn, ...) is used exactly as transformers defines it; the output layer is called as a
@@ -41,8 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.errors import ConfigError
-
-MIN_CAPACITY = 256  # cache slots allocated at first; doubled when a forward needs more
+from verispec.models.kv_buffer import MIN_CAPACITY, KVBuffers
 
 
 def supports(model) -> str | None:
@@ -142,34 +141,31 @@ class NativeLlamaRunner:
             ]
             head = model.lm_head
             self.head = _Linear(head, self.prepacked) if type(head) is torch.nn.Linear else None
-        self.initial_capacity = int(initial_capacity)
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.length = 0
+        self.kv = KVBuffers(len(self.layers), self.num_kv_heads, self.head_dim, self.param, initial_capacity)
+        self.length = 0  # valid cache entries
         # opt-in feature capture (EAGLE-3 heads): HF hidden_states indices whose states (the
         # inputs of those decoder layers) every forward also returns in ``last_features``
         self.feature_layers: tuple[int, ...] | None = None
         self.last_features: torch.Tensor | None = None
+
+    def share_weights_from(self, other: "NativeLlamaRunner") -> bool:
+        """Multiply with ``other``'s oneDNN-packed weights and free this runner's own packed copy.
+
+        Packed weights are read-only after construction, so runners of the SAME model (e.g. one per
+        server worker, each with its own KV cache) can share one set instead of one copy each.
+        Returns whether anything was shared: False unless both runners prepack and run one model
+        (unpacked runners already multiply with the module's own weights).
+        """
+        if not (self.prepacked and other.prepacked) or self.model is not other.model:
+            return False
+        self.linears, self.head = other.linears, other.head
+        return True
 
     def reset(self) -> None:
         self.length = 0
 
     def seq_length(self) -> int:
         return self.length
-
-    def _reserve(self, needed: int) -> None:
-        capacity = self.keys[0].shape[2] if self.keys else 0
-        if needed <= capacity:
-            return
-        capacity = max(self.initial_capacity, capacity)
-        while capacity < needed:
-            capacity *= 2
-        shape = (1, self.num_kv_heads, capacity, self.head_dim)
-        new_keys = [self.param.new_zeros(shape) for _ in self.layers]
-        new_values = [self.param.new_zeros(shape) for _ in self.layers]
-        for old, new in zip(self.keys + self.values, new_keys + new_values):
-            new[:, :, : self.length] = old[:, :, : self.length]
-        self.keys, self.values = new_keys, new_values
 
     @torch.no_grad()
     def forward(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
@@ -182,7 +178,7 @@ class NativeLlamaRunner:
         """
         n = len(input_ids)
         start, end = self.length, self.length + n
-        self._reserve(end)
+        self.kv.reserve(end, used=start)
         device = self.param.device
         body = self.model.model
         hidden = body.embed_tokens(torch.tensor([input_ids], device=device))
@@ -198,7 +194,7 @@ class NativeLlamaRunner:
                 mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)[None, None]
         capture = self.feature_layers
         captured: dict[int, torch.Tensor] = {}
-        for index, (layer, linears, key_cache, value_cache) in enumerate(zip(self.layers, self.linears, self.keys, self.values)):
+        for index, (layer, linears, key_cache, value_cache) in enumerate(zip(self.layers, self.linears, self.kv.keys, self.kv.values)):
             if capture is not None and index in capture:
                 captured[index] = hidden[0]  # the input of decoder layer ``index`` = HF hidden_states[index]
             q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj = linears
@@ -233,7 +229,7 @@ class NativeLlamaRunner:
         if len(moved):
             index = torch.tensor(moved, dtype=torch.long, device=self.param.device)
             end = length + len(moved)
-            for cache in self.keys + self.values:
+            for cache in self.kv.keys + self.kv.values:
                 # index_select copies first, so overlapping source and destination are safe.
                 cache[:, :, length:end] = cache.index_select(2, index)
             length = end

@@ -50,11 +50,8 @@ def share_packed_weights(first: HFModelAdapter, other: HFModelAdapter) -> bool:
 
     mine, theirs = first.runner, other.runner
     if not (isinstance(mine, NativeLlamaRunner) and isinstance(theirs, NativeLlamaRunner)):
-        return False
-    if not (mine.prepacked and theirs.prepacked) or mine.model is not theirs.model:
-        return False
-    theirs.linears, theirs.head = mine.linears, mine.head
-    return True
+        return False  # the transformers runner multiplies with the module's own (shared) weights
+    return theirs.share_weights_from(mine)
 
 
 def build_server(target_model, draft, tokenizer, config: ServerConfig, workers: int = 1, max_queue: int = 8,
