@@ -152,8 +152,8 @@ MUTANTS = [
     Mutant(
         "bv_residual_w1",
         "BV residual norm([p - q]_+) instead of norm([w p - q]_+)",
-        (("verify/bv.py", "lambda ids, p: residual(p, tree.draft.gather(node, ids), target_scale=w)",
-          "lambda ids, p: residual(p, tree.draft.gather(node, ids))"),),
+        (("verify/bv.py", "lambda ids, p: residual(p, row_gather(draft_rows, tau, ids), target_scale=w)",
+          "lambda ids, p: residual(p, row_gather(draft_rows, tau, ids))"),),
         (BLOCK,),
     ),
     Mutant(
@@ -231,8 +231,8 @@ MUTANTS = [
     Mutant(
         "gmpbv_plain_q",
         "GMPBV runs BV with the plain draft q instead of q̃",
-        (("verify/gmpbv.py", "block_verify_path(rng, target_rows, law, tokens, law.token_probs)",
-          "block_verify_path(rng, target_rows, draft_rows, tokens)"),),
+        (("verify/gmpbv.py", "block_verify_draw(rng, tree, rows, law, tokens, law.token_probs)",
+          "block_verify_draw(rng, tree, rows, draft_rows, tokens)"),),
         (BLOCK,),
     ),
     Mutant(
@@ -334,16 +334,17 @@ MUTANTS += [
     Mutant(
         "bv_rho_on_draft_support",
         "BV sums rho_i = sum [w p - q]_+ over the draft's support instead of the target's",
-        (("verify/bv.py", "            ids, p = tree.target.support(rows[i])\n",
-          "            ids = tree.draft.support(rows[i])[0]\n            p = tree.target.gather(rows[i], ids)\n"),),
+        (("verify/bv.py", "        ids, p = tree.target.support(rows[i])\n",
+          "        ids = tree.draft.support(rows[i])[0]\n        p = tree.target.gather(rows[i], ids)\n"),),
         (BLOCK,),
     ),
     Mutant(
         "gmpbv_rho_on_draft_support",
-        "block_verify_path (GMPBV) sums rho_i over the support of q̃ instead of the target's",
-        (("verify/bv.py", "        ids, p = _support(target_probs, i)\n        return positive_excess(",
-          "        ids = _support(draft_rows, i)[0]\n        p = _gather(target_probs, i, ids)\n        return positive_excess("),),
-        (BLOCK,),
+        "GMPBV sums rho_i over the support of q̃ (its rows) instead of the target's",
+        (("verify/bv.py", "        ids, p = tree.target.support(rows[i])\n",
+          "        from verispec.verify.base import row_support\n"
+          "        ids = row_support(draft_rows, i)[0]\n        p = tree.target.gather(rows[i], ids)\n"),),
+        (BLOCK, GREEDY_TESTS),
     ),
     Mutant(
         "nss_miss_law_token_as_index",

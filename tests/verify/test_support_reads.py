@@ -22,8 +22,7 @@ from verispec.core.rng import SeededRng
 from verispec.core.rows import DenseRows, LogitRows
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import path_rows
-from verispec.verify.bv import BlockVerification, block_verify_path, capped_weights, capped_weights_until_zero
+from verispec.verify.bv import BlockVerification, capped_weights, capped_weights_until_zero
 from verispec.verify.nss import NaiveSpecInfer
 from verispec.verify.qfree import QFreeTreeVerification
 from verispec.verify.spectr import SpecTr
@@ -165,16 +164,3 @@ def test_qfree_on_logit_rows_matches_the_dense_rows_on_the_same_random_numbers(p
             assert (got.accepted_node, got.next_token, got.is_bonus) == (want.accepted_node, want.next_token, want.is_bonus)
 
 
-def test_block_verify_path_gives_the_same_output_through_row_providers_and_on_arrays():
-    for seed in range(40):
-        tree = _sampled("bv", seed)
-        path = tree.paths[0]
-        rows, target_rows, draft_rows = path_rows(tree, path)
-        tokens = tree.tokens[list(path)]
-        target_array, draft_array = tree.target_probs[rows], tree.draft_probs[rows[:-1]]
-        for draw in range(3):
-            tau, dist, guard = block_verify_path(SeededRng(draw), target_rows, draft_rows, tokens)
-            tau_array, dist_array, guard_array = block_verify_path(SeededRng(draw), target_array, draft_array, tokens)
-            assert (tau, guard) == (tau_array, guard_array)
-            np.testing.assert_array_equal(dist, dist_array)
-            assert dist.shape == (tree.vocab_size,) and dist.sum() == pytest.approx(1.0, abs=1e-12)

@@ -579,7 +579,7 @@ class SpeculativeDecoder(TextDecoding):
         self.drafter.observe_target(candidates.tokens, candidates.parents, logits)
         rows = LogitRows(logits, self.params)  # a row is processed only when the walk visits its node
         children = candidates.children_of()
-        visited, next_token, is_bonus, _ = qfree_walk(children.__getitem__, rows.row, rng)
+        visited, next_token, is_bonus, _ = qfree_walk(children.__getitem__, rows, rng)
         verify_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()

@@ -25,7 +25,7 @@ from verispec.core.probs import residual
 from verispec.core.rng import Rng
 from verispec.core.rows import draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, result_at
+from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, result_at, row_gather
 
 FIRST_BLOCK = 2
 
@@ -92,70 +92,43 @@ def positive_excess(target_values: np.ndarray, draft_values: np.ndarray, w: floa
     return float(np.maximum(difference, 0.0, out=difference).sum())
 
 
-# ----- reading rows by position: row providers (PathRows) or plain (V,) rows ----------------------
-def _entries(rows, tokens, start: int = 0) -> np.ndarray:
-    """rows[start + j][tokens[j]] for j = 0..len(tokens)-1, (len,) float64: one batched gather
-    when ``rows`` is a ``PathRows`` (no full row), else from the rows themselves."""
-    if isinstance(rows, PathRows):
-        return np.asarray(rows.rows.probs_of(rows.nodes[start : start + len(tokens)], tokens), dtype=np.float64)
-    return np.array([rows[start + j][token] for j, token in enumerate(tokens)], dtype=np.float64)
+def block_verify_draw(
+    rng: Rng, tree: DraftTree, rows, draft_rows, tokens, draft_token_probs: np.ndarray | None = None
+) -> tuple[int, int, int]:
+    """BV (§3) on the root path ``rows`` (node indices, root first; rows[i] holds p_{i+1}) of
+    ``tree``: (tau, extra token, residual guard hits).
 
-
-def _support(rows, position: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids ascending, values) of the positive entries of rows[position]."""
-    if isinstance(rows, PathRows):
-        return rows.rows.support(rows.nodes[position])
-    row = np.asarray(rows[position], dtype=np.float64)
-    ids = np.flatnonzero(row > 0)
-    return ids, row[ids]
-
-
-def _gather(rows, position: int, ids: np.ndarray) -> np.ndarray:
-    """rows[position][ids] without a full row where the rows can (PathRows, or any object with
-    ``gather(position, ids)``, e.g. a lazy q̃ of §7)."""
-    if isinstance(rows, PathRows):
-        return rows.rows.gather(rows.nodes[position], ids)
-    if hasattr(rows, "gather"):
-        return rows.gather(position, ids)
-    return np.asarray(rows[position], dtype=np.float64)[ids]
-
-
-def _vocab_size(rows, position: int) -> int:
-    return rows.rows.vocab_size if isinstance(rows, PathRows) else len(rows[position])
-
-
-def block_verify_path(
-    rng: Rng, target_probs, draft_rows, tokens: np.ndarray, draft_token_probs: np.ndarray | None = None
-) -> tuple[int, np.ndarray, bool]:
-    """BV on one path. target_probs: p_1..p_{L+1}, a ``PathRows`` (read through its provider:
-    entries, supports) or anything indexable by position giving (V,) rows; draft_rows: q_1..q_L,
-    the same kinds, or a lazy row object indexable by position (q̃ of §7; read at the target's
-    support through its ``gather(position, ids)`` if it has one, else its full rows);
-    draft_token_probs: (L,) q_i(x_i) (read from draft_rows when omitted).
-    Returns (tau, distribution of the extra token (V,), guard_hit)."""
-    length = len(tokens)
+    draft_rows: the law the path was drawn from by position: ``PathRows`` of the tree's draft (BV),
+    or q̃ of §7 (GMPBV), read at the target's support through ``row_gather``;
+    draft_token_probs: (L,) q_i(x_i); when omitted they are read from draft_rows block by block
+    with the target's entries (none past the block where w reaches 0)."""
     tokens = [int(t) for t in tokens]
-    if draft_token_probs is None:
-        draft_token_probs = _entries(draft_rows, tokens)
-    draft_token_probs = np.asarray(draft_token_probs, dtype=np.float64)
+    length = len(tokens)
+
+    def draft_block(start: int, stop: int) -> np.ndarray:
+        if draft_token_probs is not None:
+            return np.asarray(draft_token_probs[start:stop], dtype=np.float64)
+        if isinstance(draft_rows, PathRows):  # one batched gather, as for the target
+            return draft_rows.rows.probs_of(draft_rows.nodes[start:stop], tokens[start:stop])
+        return np.array([row_gather(draft_rows, i, [tokens[i]])[0] for i in range(start, stop)])
 
     def ratio_block(start: int, stop: int) -> np.ndarray:
-        return _entries(target_probs, tokens[start:stop], start) / draft_token_probs[start:stop]
+        return tree.target.probs_of(rows[start:stop], tokens[start:stop]) / draft_block(start, stop)
 
     def rho_at(i: int, w: float) -> float:
-        ids, p = _support(target_probs, i)
-        return positive_excess(p, _gather(draft_rows, i, ids), w)
+        # [w p - q]_+ vanishes outside supp(p_{i+1}): sum over the target's support only
+        ids, p = tree.target.support(rows[i])
+        return positive_excess(p, row_gather(draft_rows, i, ids), w)
 
     weights = capped_weights_until_zero(ratio_block, length)
     tau, w = block_stop(rng, weights, length, rho_at)
-    ids, p = _support(target_probs, tau)
+    node = rows[tau]
     if tau == length:
-        law, guard = p, False
-    else:
-        law, guard = residual(p, _gather(draft_rows, tau, ids), target_scale=w)
-    dist = np.zeros(_vocab_size(target_probs, tau))
-    dist[ids] = law  # the law vanishes outside supp(p_{tau+1})
-    return tau, dist, guard
+        return tau, draw_on_support(rng, tree.target, node)[0], 0
+    token, guard = draw_on_support(
+        rng, tree.target, node, lambda ids, p: residual(p, row_gather(draft_rows, tau, ids), target_scale=w)
+    )
+    return tau, token, guard
 
 
 class BlockVerification(Verifier):
@@ -167,23 +140,7 @@ class BlockVerification(Verifier):
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         path = chain_nodes(tree)
         rows = [ROOT, *path]  # rows[i] holds p_{i+1} and q_{i+1}
-        tokens = [int(t) for t in tree.tokens[list(path)]]
-
-        def ratio_block(start: int, stop: int) -> np.ndarray:
-            nodes, block = rows[start:stop], tokens[start:stop]
-            return tree.target.probs_of(nodes, block) / tree.draft.probs_of(nodes, block)
-
-        def rho_at(i: int, w: float) -> float:
-            # [w p - q]_+ vanishes outside supp(p_{i+1}): sum over the target's support only
-            ids, p = tree.target.support(rows[i])
-            return positive_excess(p, tree.draft.gather(rows[i], ids), w)
-
-        weights = capped_weights_until_zero(ratio_block, len(path))
-        tau, w = block_stop(rng, weights, len(path), rho_at)
-        node = rows[tau]
-        if tau == len(path):
-            return result_at(tree, node, draw_on_support(rng, tree.target, node)[0], True)
-        token, guard = draw_on_support(
-            rng, tree.target, node, lambda ids, p: residual(p, tree.draft.gather(node, ids), target_scale=w)
-        )
-        return result_at(tree, node, token, False, diagnostics={"residual_guard_hits": guard})
+        draft_rows = PathRows(tree.draft, rows[:-1])  # q entries read block by block, as p's
+        tau, token, guard = block_verify_draw(rng, tree, rows, draft_rows, tree.tokens[list(path)])
+        diagnostics = {} if tau == len(path) else {"residual_guard_hits": guard}
+        return result_at(tree, rows[tau], token, tau == len(path), diagnostics=diagnostics)

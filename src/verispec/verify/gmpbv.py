@@ -16,7 +16,7 @@ from __future__ import annotations
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
-from verispec.verify.bv import block_verify_path
+from verispec.verify.bv import block_verify_draw
 from verispec.verify.greedy_selection import (  # noqa: F401  (re-exported for older imports)
     SkewedPathLaw,
     below_mass,
@@ -39,7 +39,5 @@ class GreedyMultiPathBV(Verifier):
         rows, target_rows, draft_rows = path_rows(tree, path)
         tokens = tree.tokens[list(path)]
         law = SkewedPathLaw(target_rows, draft_rows, tokens, num_drafts)
-        tau, dist, guard = block_verify_path(rng, target_rows, law, tokens, law.token_probs)
-        return result_at(
-            tree, rows[tau], rng.categorical(dist), tau == len(path), diagnostics={"residual_guard_hits": guard}
-        )
+        tau, token, guard = block_verify_draw(rng, tree, rows, law, tokens, law.token_probs)
+        return result_at(tree, rows[tau], token, tau == len(path), diagnostics={"residual_guard_hits": guard})
