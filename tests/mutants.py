@@ -402,6 +402,12 @@ MUTANTS += [
         ("tests/verify/test_spechub.py", BRANCHING),
     ),
     Mutant(
+        "spechub_hub_residual_kept",
+        "SpecHub's residual on the support keeps r(a) = [p(a) - (1 + c) q(a)]_+ instead of p(a) - A1 - A2",
+        (("verify/spechub.py", "    if hub_at is not None:  # a outside S", "    if False:  # a outside S"),),
+        ("tests/verify/test_spechub.py", BRANCHING),
+    ),
+    Mutant(
         "traversal_draw_from_p",
         "traversal draws y from p(.|v) instead of the updated P_v after rejections below v",
         (("verify/traversal.py", "            mutated = target.get(node)\n            if mutated is None:",

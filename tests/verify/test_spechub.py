@@ -137,6 +137,20 @@ def test_edge_distributions_are_exact(target_vec, draft_vec):
     assert error < EXACT_TOLERANCE
 
 
+def test_residual_gives_the_hub_no_mass_when_p_hub_exceeds_q_hub_over_one_minus_q_hub():
+    # hub a = 0 with p(a) = 0.9 > (1 + c) q(a) = 0.4/0.6: the positive-part formula of r would put
+    # 0.23 on the hub, but r(a) = p(a) - A1 - A2 = 0 (§9.3); the residual branch fires with
+    # probability p(3) - q(3)/(1 - q(a)) = 1/60. p vanishes on tokens 1 and 2, where q has 0.55.
+    target_vec, draft_vec = np.array([0.9, 0.0, 0.0, 0.1]), np.array([0.4, 0.3, 0.25, 0.05])
+    accepted, first = single_position_acceptance(SpecHub(), PAIR, target_vec, draft_vec)
+    assert accepted == pytest.approx(spechub_acceptance(target_vec, draft_vec), abs=1e-12)
+    assert 1.0 - accepted == pytest.approx(0.1 - 0.05 / 0.6, abs=1e-12)
+    assert [first.get(x, 0.0) for x in range(4)] == pytest.approx(list(target_vec), abs=1e-15)
+    target, draft = context_free_pair(target_vec, draft_vec)
+    error, _ = block_error(SpecHub(), tree_sampler([2, 2], DraftScheme.SPECHUB_PAIR), target, draft, 3)
+    assert error < EXACT_TOLERANCE
+
+
 def test_identical_models_accept_everything():
     target, _ = toy_pair(4, seed=9)
     law = block_law(SpecHub(), tree_sampler([2, 2], DraftScheme.SPECHUB_PAIR), target, target)
