@@ -179,8 +179,8 @@ MUTANTS = [
     Mutant(
         "spectr_rho_wrong_side",
         "SpecTr K-SEQ with rho from the f < 0 side and the root-form residual",
-        (("verify/spectr.py", "        return kseq_node(rng, tree.target, tree.draft, node, tokens)\n",
-          "        return kseq_node(rng, tree.target, tree.draft, node, tokens, lambda t, d, k: kseq_rho_bracket(t, d, k, 2)[0], root_form_residual)\n"),),
+        (("verify/spectr.py", "        return kseq_node(rng, target, draft, node, tokens)\n",
+          "        return kseq_node(rng, target, draft, node, tokens, lambda t, d, k: kseq_rho_bracket(t, d, k, 2)[0], root_form_residual)\n"),),
         ("tests/verify/test_spectr.py", BRANCHING),
     ),
     Mutant(

@@ -36,9 +36,11 @@ import numpy as np
 
 from verispec.core.probs import normalized_positive_part
 from verispec.core.rng import Rng
-from verispec.core.rows import Rows, draw_on_support
-from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+from verispec.core.rows import Rows
+from verispec.core.tree import DraftScheme, DraftTree
+from verispec.verify.base import Verifier, VerifyResult
+from verispec.verify.rrs import top_down
+from verispec.verify.support import SupportDraw
 
 BISECTION_STEPS = 60
 
@@ -254,10 +256,10 @@ def kseq_node(
     candidates: Sequence[int],
     rho_fn: RhoFn = kseq_rho,
     residual_fn: ResidualFn = kseq_residual,
-) -> tuple[int | None, int | None, int]:
-    """§5.1 at ``node`` of a tree, reading its rows through the row providers (core.rows):
-    (index of the accepted candidate, None, 0), or (None, extra token y, guard hits) after k
-    rejections.
+) -> tuple[int | None, SupportDraw | None, int]:
+    """§5.1 at ``node`` of a tree, reading its rows through the row providers (core.rows), as a
+    node rule of ``rrs.top_down``: (index of the accepted candidate, None, 0), or (None, the
+    residual's ``SupportDraw``, 0) after k rejections (y is drawn on the target's support).
 
     Only the candidates' entries are gathered for the tests. rho and the residual are computed on
     the support S of p(.|node) (a top-p nucleus, not V), with q gathered at S; exact because every
@@ -280,8 +282,7 @@ def kseq_node(
         q = draft.gather(node, ids)
         return residual_fn(p, q, rho if rho is not None else rho_fn(p, q, k), k)
 
-    token, guard = draw_on_support(rng, target, node, build)
-    return None, token, guard
+    return None, SupportDraw(build), 0
 
 
 def kseq_step(
@@ -307,27 +308,13 @@ class SpecTr(Verifier):
     lossless = True
     supported_schemes = frozenset({DraftScheme.CHAIN, DraftScheme.IID_PATHS})
 
-    def _node_rule(self, rng: Rng, tree: DraftTree, node: int, tokens: Sequence[int]):
-        return kseq_node(rng, tree.target, tree.draft, node, tokens)
+    def _node_rule(self, rng: Rng, target: Rows, draft: Rows, node: int, tokens: Sequence[int]):
+        return kseq_node(rng, target, draft, node, tokens)
 
     def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
         """Top-down over the raw drafted paths (§5.2): at depth i the candidates are the i-th
         tokens of the paths that agree with the accepted prefix, in draft order."""
-        paths = tree.paths if tree.paths else (chain_nodes(tree),)
-        alive = list(range(len(paths)))
-        node, depth = ROOT, 0
-        while True:
-            candidate_nodes = [paths[k][depth] for k in alive if len(paths[k]) > depth]
-            if not candidate_nodes:
-                bonus, _ = draw_on_support(rng, tree.target, node)
-                return result_at(tree, node, bonus, True, diagnostics={"residual_guard_hits": 0})
-            tokens = [int(tree.tokens[c]) for c in candidate_nodes]
-            index, token, guard = self._node_rule(rng, tree, node, tokens)
-            if index is None:
-                return result_at(tree, node, token, False, diagnostics={"residual_guard_hits": guard})
-            node = candidate_nodes[index]
-            alive = [k for k in alive if len(paths[k]) > depth and paths[k][depth] == node]
-            depth += 1
+        return top_down(tree, rng, self._node_rule, raw_paths=True, reads_rows=True)
 
 
 class SpecTrWrongSideRho(SpecTr):
@@ -342,5 +329,5 @@ class SpecTrWrongSideRho(SpecTr):
     def _lower_rho(self, target: np.ndarray, draft: np.ndarray, k: int) -> float:
         return kseq_rho_bracket(target, draft, k, self.bisection_steps)[0]
 
-    def _node_rule(self, rng: Rng, tree: DraftTree, node: int, tokens: Sequence[int]):
-        return kseq_node(rng, tree.target, tree.draft, node, tokens, self._lower_rho, root_form_residual)
+    def _node_rule(self, rng: Rng, target: Rows, draft: Rows, node: int, tokens: Sequence[int]):
+        return kseq_node(rng, target, draft, node, tokens, self._lower_rho, root_form_residual)
