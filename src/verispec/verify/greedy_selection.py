@@ -20,6 +20,7 @@ import numpy as np
 
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import row_gather, row_support
+from verispec.verify.support import lookup
 from verispec.errors import InvalidDraftError
 
 
@@ -142,7 +143,7 @@ def below_mass_on_supports(
     positive_draft = draft_values > 0.0
     draft_ids, draft_values = draft_ids[positive_draft], draft_values[positive_draft]
     # bottom block: q > 0 and p = 0, in id order
-    in_target = _member_of(draft_ids, target_ids)
+    in_target = lookup(target_ids, draft_ids)[0]
     bottom_ids, bottom_mass = draft_ids[~in_target], draft_values[~in_target]
     bottom_cumulative = np.cumsum(bottom_mass)
     bottom = float(bottom_cumulative[-1]) if len(bottom_cumulative) else 0.0
@@ -159,21 +160,9 @@ def below_mass_on_supports(
         (bottom_ids, bottom_cumulative - bottom_mass),
         (middle_ids, middle_below),
     ):
-        hit, where = _positions_in(query_ids, block_ids)
+        hit, where = lookup(block_ids, query_ids)
         below[hit] = block_below[where[hit]]
     return below
-
-
-def _positions_in(values: np.ndarray, sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mask of ``values`` found in ``sorted_ids`` (ascending), their index there; 0 where absent)."""
-    where = np.searchsorted(sorted_ids, values)
-    clipped = np.minimum(where, max(len(sorted_ids) - 1, 0))
-    hit = (where < len(sorted_ids)) & (sorted_ids[clipped] == values) if len(sorted_ids) else np.zeros(len(values), bool)
-    return hit, clipped
-
-
-def _member_of(values: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
-    return _positions_in(values, sorted_ids)[0]
 
 
 def skewed_mass(lower, added, num_drafts: int):

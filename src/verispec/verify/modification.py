@@ -22,6 +22,7 @@ import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD, safe_log
 from verispec.verify.greedy_selection import below_mass_all, below_mass_on_supports, skewed_mass
+from verispec.verify.support import value_at
 
 
 # Largest |log factor| applied as one float multiplication; beyond it the factor itself would
@@ -79,9 +80,7 @@ class SkewedDraftJoint:
         below = self.below + self.mass * float(
             below_mass_on_supports(target_ids, target_values, draft_ids, draft_values, [int(token)])[0]
         )
-        hit = np.searchsorted(draft_ids, token)
-        draft_prob = float(draft_values[hit]) if hit < len(draft_ids) and draft_ids[hit] == token else 0.0
-        mass = self.mass * draft_prob
+        mass = self.mass * value_at(draft_ids, draft_values, token)
         scale = max(below, mass)
         if not scale > 0.0:  # C = Q = 0: the prefix has no draft mass, Q̃ = 0 from here on
             return SkewedDraftJoint(0.0, 0.0, self.num_drafts, self.log_scale)

@@ -8,6 +8,7 @@ instead of the V-long row, and read the draft there with ``draft.gather(u, ids)`
 needs of the draft's mass outside the support is carried as a scalar (see each rule).
 
 Helpers:
+  lookup(ids, tokens)            where tokens sit in a support (found mask, positions)
   value_at(ids, values, token)   the entry of a vector kept over ``ids`` (0 outside: exact, since
                                  every vector kept this way vanishes outside the support)
   SupportDraw                    the law of a node's extra token for ``core.rows.draw_on_support``
@@ -38,20 +39,26 @@ class SupportDraw:
 def value_at(ids: np.ndarray, values: np.ndarray, token: int) -> float:
     """values[i] where ids[i] == token, 0.0 when the token is not listed. ids: (m,) ascending
     int64 (a support, core.rows.Rows.support), values: (m,) float64."""
-    position = int(np.searchsorted(ids, token))
-    if position < len(ids) and int(ids[position]) == int(token):
-        return float(values[position])
-    return 0.0
+    found, positions = lookup(ids, [token])
+    return float(values[positions[0]]) if found[0] else 0.0
+
+
+def lookup(ids: np.ndarray, tokens) -> tuple[np.ndarray, np.ndarray]:
+    """Where ``tokens`` sit in ``ids`` (ascending): (found mask (n,), their index in ``ids``; an
+    arbitrary valid index where not found). One searchsorted, no pass over V."""
+    ids = np.asarray(ids, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if ids.size == 0:
+        return np.zeros(tokens.size, dtype=bool), np.zeros(tokens.size, dtype=np.int64)
+    positions = np.minimum(np.searchsorted(ids, tokens), len(ids) - 1)
+    return ids[positions] == tokens, positions
 
 
 def positions_of(ids: np.ndarray, tokens) -> np.ndarray:
     """Indices into ``ids`` of those ``tokens`` that are listed in it (tokens not in ``ids`` are
     dropped: the entries they would mark are 0 on the support anyway)."""
-    tokens = np.asarray(list(tokens), dtype=np.int64)
-    if tokens.size == 0 or ids.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    positions = np.minimum(np.searchsorted(ids, tokens), len(ids) - 1)
-    return positions[ids[positions] == tokens]
+    found, positions = lookup(ids, list(tokens))
+    return positions[found]
 
 
 def realigned(law_ids: np.ndarray, law: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -63,8 +70,7 @@ def realigned(law_ids: np.ndarray, law: np.ndarray, ids: np.ndarray) -> np.ndarr
     if ids is law_ids or (len(ids) == len(law_ids) and np.array_equal(ids, law_ids)):
         return law
     result = np.zeros(len(ids))
-    positions = np.minimum(np.searchsorted(law_ids, ids), max(len(law_ids) - 1, 0))
-    listed = law_ids[positions] == ids if len(law_ids) else np.zeros(len(ids), dtype=bool)
+    listed, positions = lookup(law_ids, ids)
     result[listed] = law[positions[listed]]
     return result
 
