@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import toy_pair
 from tests.verify.exact import EXACT_TOLERANCE, block_error, tree_sampler
 from verispec.core.rng import SeededRng
+from verispec.core.rows import DenseRows
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.errors import UnsupportedDraftSchemeError
 from verispec.models.toy import context_free_pair
@@ -63,11 +64,29 @@ def test_lazy_walk_reads_only_the_rows_it_visits():
     children = {0: {1: 1, 2: 3}, 1: {2: 2}, 2: {}, 3: {}}  # root -> 1 -> 2 ; root -> 3 (token 2)
     read = []
 
-    def row(node):
-        read.append(node)
-        return rows[node]
+    class RecordingRows(DenseRows):
+        """Records the nodes whose rows are read, in first-read order, whatever the read."""
 
-    visited, token, is_bonus, _ = qfree_walk(children.__getitem__, row, SeededRng(0))
+        def _note(self, nodes):
+            read.extend(n for n in dict.fromkeys(int(n) for n in nodes) if n not in read)
+
+        def row(self, node):
+            self._note([node])
+            return super().row(node)
+
+        def probs_of(self, nodes, tokens):
+            self._note(nodes)
+            return super().probs_of(nodes, tokens)
+
+        def support(self, node):
+            self._note([node])
+            return super().support(node)
+
+        def gather(self, node, ids):
+            self._note([node])
+            return super().gather(node, ids)
+
+    visited, token, is_bonus, _ = qfree_walk(children.__getitem__, RecordingRows(rows), SeededRng(0))
     assert visited == [0, 1, 2] and token == 0 and is_bonus
     assert read == [0, 1, 2]  # node 3's row was never asked for
 

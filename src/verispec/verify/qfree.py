@@ -28,22 +28,6 @@ from verispec.core.tree import ROOT, DraftScheme, DraftTree
 from verispec.verify.base import Verifier, VerifyResult, result_at
 
 
-class _RowFunction(Rows):
-    """Rows given as a function node -> p(.|node) (V,) float64, called once per visited node."""
-
-    def __init__(self, row: Callable[[int], np.ndarray]):
-        self._row, self._cache = row, {}
-        self.num_rows = self.vocab_size = 0  # unknown and unused: the walk reads rows by node
-
-    def row(self, node: int) -> np.ndarray:
-        if node not in self._cache:
-            self._cache[node] = np.asarray(self._row(node), dtype=np.float64)
-        return self._cache[node]
-
-    def probs_of(self, nodes, tokens) -> np.ndarray:
-        return np.array([self.row(int(n))[int(t)] for n, t in zip(nodes, tokens)], dtype=np.float64)
-
-
 def miss_law(ids: np.ndarray, target: np.ndarray, child_tokens: list[int]) -> tuple[np.ndarray, bool]:
     """p restricted to the tokens that are not children, normalised, in the coordinates of the
     target's support: ids (m,) ascending token ids, target (m,) = p(ids). Child tokens outside the
@@ -59,20 +43,19 @@ def miss_law(ids: np.ndarray, target: np.ndarray, child_tokens: list[int]) -> tu
 
 
 def qfree_walk(
-    children_of: Callable[[int], dict[int, int]], target: Rows | Callable[[int], np.ndarray], rng: Rng
+    children_of: Callable[[int], dict[int, int]], rows: Rows, rng: Rng
 ) -> tuple[list[int], int, bool, int]:
     """Walk a candidate tree from the root.
 
     children_of(node) -> {child token: child node} (first child wins for repeated tokens);
-    target: the target rows p(.|node) as a ``Rows`` provider (read by entries and supports), or a
-    function node -> p(.|node) (V,) (each probability vector summing to 1).
+    rows: the target rows p(.|node) as a ``Rows`` provider (core.rows; read by entries and
+    supports; each row sums to 1).
     Returns (visited nodes root first, emitted token y, is_bonus, residual guard hits).
 
     The draw y ~ p(.|u) at an internal node is made in two exact stages, so nothing O(V) is read
     while children are hit: a categorical over {each distinct child token c: p(c)} U {miss: the
     rest}; only on a miss is y drawn from p restricted to the non-child tokens, on p's support.
     """
-    rows = target if isinstance(target, Rows) else _RowFunction(target)
     node = ROOT
     visited = [ROOT]
     while True:
