@@ -40,6 +40,10 @@ visits), interleaved per row over the rows of the synthetic bank (--nodes max of
   before  ``logits_to_probs`` of that row alone (the dense path's per-row work)
   entry   a fresh ``LogitRows`` and probs_of of one token there (the acceptance tests' read)
   support a fresh ``LogitRows`` and support() of the row (what a residual or a draw reads)
+  floor   the bare torch passes every such read needs at least: the row's max, then one
+          exp2((x - max) log2(e) / T) pass and its sum (no nucleus, no candidates). A rule that
+          must read every row (BV with all drafts accepted, traversal) pays at least rows x floor,
+          whatever the implementation.
 Records: {"measure", "vocab", "temperature", "top_p", "median_ms", "p90_ms", "rows"}.
 """
 
@@ -199,6 +203,12 @@ def measure(rule, vocab, nodes, params, bank, repeats, num_trees, seed):
     return records
 
 
+def _mass_floor(row: torch.Tensor, temperature: float) -> float:
+    """max pass + one exp2 pass + sum: the least any normaliser of a row costs (see --row-cost)."""
+    scale = 1.4426950408889634 / (temperature if temperature > 0 else 1.0)
+    return float((row - row.max()).mul_(scale).exp2_().sum())
+
+
 def measure_row_cost(vocab: int, rows: int, params: SamplingParams, repeats: int, seed: int) -> list[dict]:
     bank = LogitBank(vocab, rows, seed)
     logits = bank.target
@@ -206,6 +216,7 @@ def measure_row_cost(vocab: int, rows: int, params: SamplingParams, repeats: int
         "before": lambda i: logits_to_probs(logits[i : i + 1], params),
         "entry": lambda i: LogitRows(logits, params).probs_of([i], [i]),
         "support": lambda i: LogitRows(logits, params).support(i),
+        "floor": lambda i: _mass_floor(logits[i], params.temperature),
     }
     times = {name: [] for name in variants}
     names = list(variants)
@@ -228,7 +239,7 @@ def measure_row_cost(vocab: int, rows: int, params: SamplingParams, repeats: int
 def row_cost_main(args) -> None:
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; ms per touched "
           f"target row, median (p90) over {args.repeats} x {max(args.nodes)} rows, variants interleaved")
-    header = f"{'V':>7} {'T':>4} {'top_p':>5} | {'before':>14} | {'entry':>14} | {'support':>14}"
+    header = f"{'V':>7} {'T':>4} {'top_p':>5} | {'before':>14} | {'entry':>14} | {'support':>14} | {'floor':>14}"
     print(header)
     print("-" * len(header))
     records = []
