@@ -70,10 +70,12 @@ def test_replay_of_chain_rules_orders_bv_above_sd(recorded):
     out, _ = recorded
     report = replay(out, ["sd", "bv", "gbv-mod"], seed=0, repeats=20)
     chain_stats = [s for s in report.stats if "-K1-" in s.source]
-    per_rule = {m: np.concatenate([s.per_tree for s in chain_stats if s.method == m]) for m in ("sd", "bv", "gbv-mod")}
+    per_rule = {m: np.concatenate([s.per_tree for s in chain_stats if s.method == m]) for m in ("sd", "bv")}
     assert len(per_rule["sd"]) == len(per_rule["bv"]) > 80
     assert per_rule["bv"].mean() >= per_rule["sd"].mean()
-    assert per_rule["gbv-mod"].mean() >= per_rule["sd"].mean()
+    # GBV-mod's windows are not in sd / spectr recordings: a one-round replay would overstate it
+    assert not any(s.method == "gbv-mod" for s in report.stats)
+    assert all("record with gbv-mod live" in reason for _, method, reason in report.skipped if method == "gbv-mod")
     # common random numbers: the paired difference is far less noisy than the rules themselves
     diff = per_rule["bv"] - per_rule["sd"]
     assert diff.std() < per_rule["sd"].std()

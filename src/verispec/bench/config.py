@@ -10,7 +10,7 @@ plus the plain-decoding baseline ``ar`` per dataset x temperature x seed. Keys (
     K, L            numbers of drafts and draft lengths               (-K, -L)
     temperatures    0 = greedy                                         (--temperatures)
     max_new_tokens, seeds, out, target, draft, dtype, device, backend, threads, top_k, top_p, chat,
-    record, record_limit, anchor, warmup, progress
+    record, record_limit, record_per_prompt, anchor, warmup, progress
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class BenchConfig:
     chat: bool = True
     record: bool = False
     record_limit: int = 32
+    record_per_prompt: int | None = None  # rounds recorded per prompt (None: no per-prompt cap)
     anchor: bool = False
     warmup: bool = True
     progress: bool = True
@@ -102,6 +103,8 @@ class BenchConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.record_limit < 1:
             raise ConfigError(f"record_limit must be >= 1, got {self.record_limit}")
+        if self.record_per_prompt is not None and self.record_per_prompt < 1:
+            raise ConfigError(f"record_per_prompt must be >= 1 (or unset), got {self.record_per_prompt}")
         return self
 
 

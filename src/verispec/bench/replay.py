@@ -14,9 +14,23 @@ a tree = accepted_len + 1 (the tokens one target call would emit), averaged over
 verifications of the tree. Rules whose
 ``supported_schemes`` exclude a tree's scheme are skipped, with the reason.
 
-Caveats: a replay measures one round per tree on the recorded target vectors. Target
-modifications that GBV-mod / SpecTr-GBV★ carry into *later* rounds are not replayed, and trees
-recorded from those rules hold the (modified) target vectors they were verified with.
+Target modifications (GBV-mod, SpecTr-GBV★, the published SpecTr-GBV; ALGORITHMS.md §4.3, §6):
+a live run of such a rule verifies every round on target rows rewritten by the windows that earlier
+rounds left. The recorder keeps both the rows as verified and, where windows were in force, the
+model's own rows (``DraftTree.unmodified_target``). In replay,
+
+  * the rule that made the windows (the recording's live rule, ``same_modification``) verifies
+    the rows AS VERIFIED: the windows
+    are applied as the live engine applied them. E over the live distribution of (tree, windows) of
+    E[accepted | tree, windows] is the live per-round expectation, so replaying the rule on its own
+    recording with fresh random numbers estimates its live block efficiency without bias;
+  * every other rule verifies the model's own rows: its own live loop has no windows, and the trees
+    of a lossless live rule follow the target's text law whatever rule ran live;
+  * a modifying rule on a recording made by another live rule is skipped: the windows its own
+    earlier rounds would have left are not in the recording (record with that rule live).
+
+Chain view (``chain_view=True``): chain-only rules (sd, bv, gbv-mod) verify path 0 of a K-path tree
+(a chain x ~ q on the same rows), so BV and the multi-path rules are compared on the same trees.
 """
 
 from __future__ import annotations
@@ -24,12 +38,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from verispec.core.rng import SeededRng
+from verispec.core.rows import DenseRows
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.errors import ConfigError, VerispecError
 from verispec.verify.registry import get_method
@@ -40,17 +55,27 @@ Z95 = 1.959963984540054
 
 @dataclass
 class TreeRecorder:
-    """Collects the first ``limit`` verified trees of one configuration run (all its prompts)."""
+    """Collects verified trees of one configuration run: at most ``per_prompt`` rounds of each
+    prompt (None: no per-prompt cap; set ``current_prompt`` before each prompt) and ``limit`` in
+    all. A per-prompt cap spreads a recording over many prompts, the unit of its intervals."""
 
     limit: int
+    per_prompt: int | None = None
     trees: list[DraftTree] = field(default_factory=list)
     live_accepted_lens: list[int] = field(default_factory=list)
     prompt_ids: list[str] = field(default_factory=list)
     current_prompt: str = ""
+    _kept_per_prompt: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if self.limit < 1 or (self.per_prompt is not None and self.per_prompt < 1):
+            raise ConfigError(f"record limits must be >= 1, got limit={self.limit}, per_prompt={self.per_prompt}")
 
     def callback(self, tree: DraftTree, result, step) -> None:
         """The engine's step_callback(tree, result, step)."""
-        if len(self.trees) < self.limit:
+        kept = self._kept_per_prompt.get(self.current_prompt, 0)
+        if len(self.trees) < self.limit and (self.per_prompt is None or kept < self.per_prompt):
+            self._kept_per_prompt[self.current_prompt] = kept + 1
             self.trees.append(tree)
             self.live_accepted_lens.append(int(result.accepted_len))
             self.prompt_ids.append(self.current_prompt)
@@ -74,6 +99,12 @@ def save_trees(path: Path, trees, live_accepted_lens, prompt_ids, meta: dict) ->
         tokens=np.concatenate([tree.tokens for tree in trees]),
         parents=np.concatenate([tree.parents for tree in trees]),
         target_probs=np.concatenate([tree.target_probs for tree in trees]),
+        # the model's own rows of the trees verified under modification windows (in tree order)
+        has_unmodified=np.array([tree.unmodified_target is not None for tree in trees]),
+        unmodified_target_probs=np.concatenate(
+            [tree.unmodified_target.dense() for tree in trees if tree.unmodified_target is not None]
+            or [np.zeros((0, trees[0].vocab_size))]
+        ),
         draft_probs=np.concatenate([tree.draft_probs for tree in trees]),
         schemes=np.array([tree.scheme.value for tree in trees]),
         paths_per_tree=np.array([tree.num_paths for tree in trees], dtype=np.int64),
@@ -105,17 +136,25 @@ def load_trees(path: str | Path) -> RecordedTrees:
         offsets = data["node_offsets"]
         path_lengths, path_nodes = data["path_lengths"], data["path_nodes"]
         path_starts = np.concatenate([[0], np.cumsum(path_lengths)])
-        trees, path_index = [], 0
+        # recordings made before the unmodified rows were stored have no such arrays
+        has_unmodified = data["has_unmodified"] if "has_unmodified" in data.files else np.zeros(len(data["schemes"]), bool)
+        unmodified = data["unmodified_target_probs"] if "unmodified_target_probs" in data.files else None
+        trees, path_index, unmodified_at = [], 0, 0
         for index, scheme in enumerate(data["schemes"]):
             lo, hi = int(offsets[index]), int(offsets[index + 1])
             paths = []
             for _ in range(int(data["paths_per_tree"][index])):
                 paths.append(tuple(int(n) for n in path_nodes[path_starts[path_index]:path_starts[path_index + 1]]))
                 path_index += 1
-            trees.append(DraftTree.build(
+            tree = DraftTree.build(
                 data["tokens"][lo:hi], data["parents"][lo:hi], data["target_probs"][lo:hi],
                 data["draft_probs"][lo:hi], DraftScheme(str(scheme)), paths=paths, validate=False,
-            ))
+            )
+            if has_unmodified[index]:
+                rows = unmodified[unmodified_at : unmodified_at + hi - lo]
+                unmodified_at += hi - lo
+                tree = replace(tree, unmodified_target=DenseRows(rows))
+            trees.append(tree)
         return RecordedTrees(
             path, json.loads(str(data["meta"])), trees,
             [int(t) for t in data["live_accepted_lens"]], [str(p) for p in data["prompt_ids"]],
@@ -141,6 +180,71 @@ def mean_ci95(values) -> tuple[float, float]:
     if values.size == 1:
         return float(values[0]), math.nan
     return float(values.mean()), float(Z95 * values.std(ddof=1) / math.sqrt(values.size))
+
+
+def cluster_mean_ci95(values, clusters) -> tuple[float, float, int]:
+    """(mean, 95% half-width, number of clusters) of per-tree ``values`` whose trees come in
+    dependent groups (the rounds of one prompt and seed): the mean of the per-cluster means, with a
+    Student-t interval over clusters (scipy.stats.t, clusters - 1 degrees of freedom). Per-tree
+    intervals would treat the rounds of one prompt as independent and come out too narrow.
+    Fewer than 2 clusters: the half-width is NaN."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=np.float64)
+    clusters = np.asarray(clusters)
+    if values.shape != clusters.shape:
+        raise ConfigError(f"{values.shape[0]} values but {clusters.shape[0]} cluster labels")
+    if values.size == 0:
+        return math.nan, math.nan, 0
+    labels, inverse = np.unique(clusters, return_inverse=True)
+    means = np.bincount(inverse, weights=values) / np.bincount(inverse)
+    if len(means) < 2:
+        return float(means.mean()), math.nan, len(means)
+    half = stats.t.ppf(0.975, len(means) - 1) * means.std(ddof=1) / math.sqrt(len(means))
+    return float(means.mean()), float(half), len(means)
+
+
+@dataclass
+class LiveVsReplay:
+    """One recording: the live run's BE and its live rule's replayed BE on the same trees, each
+    with a 95% interval over prompt clusters (``cluster_mean_ci95``)."""
+
+    source: str
+    method: str
+    num_trees: int
+    num_prompts: int
+    live: float
+    live_ci95: float
+    replayed: float
+    replayed_ci95: float
+
+    @property
+    def agree(self) -> bool:
+        """The two intervals overlap."""
+        return abs(self.live - self.replayed) <= self.live_ci95 + self.replayed_ci95
+
+
+def live_vs_replay(recording: RecordedTrees, stats: list["ReplayStat"]) -> LiveVsReplay | None:
+    """The recording's live BE beside the replayed BE of its own live rule (None when that rule was
+    not replayed). Unbiased replay predicts agreement for every rule, the modifying ones included."""
+    method = recording.meta.get("method")
+    found = [s for s in stats if s.method == method and s.source == recording.source]
+    if not found:
+        return None
+    live, live_ci, prompts = cluster_mean_ci95(np.asarray(recording.live_accepted_lens) + 1.0, recording.prompt_ids)
+    replayed, replayed_ci, _ = cluster_mean_ci95(found[0].per_tree, recording.prompt_ids)
+    return LiveVsReplay(recording.source, method, len(recording.trees), prompts, live, live_ci, replayed, replayed_ci)
+
+
+def live_vs_replay_markdown(rows: list[LiveVsReplay]) -> str:
+    lines = [
+        "| recording | live rule | trees | prompts | live BE | replayed BE | intervals overlap |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row.source} | {row.method} | {row.num_trees} | {row.num_prompts} | {row.live:.3f} ± {row.live_ci95:.3f} "
+                     f"| {row.replayed:.3f} ± {row.replayed_ci95:.3f} | {'yes' if row.agree else 'NO'} |")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -184,27 +288,76 @@ def tree_rng(seed: int, index: int, repeat: int = 0) -> SeededRng:
     return SeededRng(np.random.default_rng([int(seed), int(index), int(repeat)]))
 
 
-def replay_recording(recording: RecordedTrees, methods: list[str], seed: int = 0, repeats: int = 1):
+def same_modification(method: str, live_method: str | None) -> bool:
+    """Whether ``method`` leaves the modification windows that the live rule of a recording left:
+    only the same rule does (at K = 1 gbv-mod, spectr-gbv and ★ may agree in law, but their windows
+    are not shown to be the same, so none stands in for another)."""
+    return method == live_method
+
+
+def path_zero_chain(tree: DraftTree) -> DraftTree:
+    """Path 0 of a K-i.i.d.-path tree as a chain on the same rows: a draft x ~ q of its own (the
+    paths are independent), for chain rules in ``chain_view`` replay."""
+    if tree.scheme is not DraftScheme.IID_PATHS or not tree.paths:
+        raise ConfigError(f"the chain view needs a tree of K i.i.d. paths, got scheme {tree.scheme.value}")
+    nodes = np.array([0, *tree.paths[0]], dtype=np.int64)
+    chain = DraftTree.build(
+        tree.tokens[nodes], np.arange(-1, len(nodes) - 1), tree.target.dense()[nodes], tree.draft.dense()[nodes],
+        DraftScheme.CHAIN, paths=[tuple(range(1, len(nodes)))], validate=False,
+    )
+    if tree.unmodified_target is not None:
+        chain = replace(chain, unmodified_target=DenseRows(tree.unmodified_target.dense()[nodes]))
+    return chain
+
+
+def _tree_for(method: str, tree: DraftTree, chain_view: bool, modified_rows: bool) -> DraftTree:
+    """The tree ``method`` verifies: path 0 in the chain view, and the model's own rows unless the
+    method replays the windows the live run applied."""
+    spec = get_method(method)
+    if chain_view and spec.draft == "chain" and tree.scheme is DraftScheme.IID_PATHS:
+        tree = path_zero_chain(tree)
+    if not modified_rows and tree.unmodified_target is not None:
+        tree = replace(tree, target=tree.unmodified_target, unmodified_target=None)
+    return tree
+
+
+def _replay_rule(recording: RecordedTrees, method: str, seed: int, repeats: int, chain_view: bool):
+    """Per-tree mean BE of one rule, or the reason it cannot be replayed on this recording."""
+    spec = get_method(method)
+    live = recording.meta.get("method")
+    modified_rows = spec.verifier.needs_target_modification
+    if modified_rows and not same_modification(method, live):
+        return None, (f"{method} carries a target modification into later rounds, and this recording's live rule "
+                      f"({live}) left other windows (or none); record with {method} live (--methods {method}) to replay it")
+    trees = [_tree_for(method, tree, chain_view, modified_rows) for tree in recording.trees]
+    unsupported = {tree.scheme for tree in trees} - set(spec.verifier.supported_schemes)
+    if unsupported:
+        allowed = ", ".join(sorted(s.value for s in spec.verifier.supported_schemes))
+        hint = " (a chain rule verifies path 0 of K-path trees with chain_view=True)" if spec.draft == "chain" else ""
+        return None, (f"recorded scheme {', '.join(sorted(s.value for s in unsupported))} is not among {method}'s "
+                      f"supported schemes ({allowed}){hint}")
+    try:
+        return [
+            float(np.mean([spec.verifier.verify(tree, tree_rng(seed, index, r)).accepted_len + 1 for r in range(repeats)]))
+            for index, tree in enumerate(trees)
+        ], None
+    except VerispecError as error:
+        return None, f"{type(error).__name__}: {error}"
+
+
+def replay_recording(recording: RecordedTrees, methods: list[str], seed: int = 0, repeats: int = 1,
+                     chain_view: bool = False):
     """(stats, skipped) of every rule in ``methods`` on one recording. Each tree's BE is the mean
-    of accepted_len + 1 over ``repeats`` verifications with independent common random numbers."""
-    per_rule: dict[str, list[int]] = {}
+    of accepted_len + 1 over ``repeats`` verifications with independent common random numbers.
+    Rows and views per rule: see the module docstring."""
+    per_rule: dict[str, list[float]] = {}
     skipped: list[tuple[str, str, str]] = []
     for method in methods:
-        verifier = get_method(method).verifier
-        schemes = {tree.scheme for tree in recording.trees}
-        unsupported = schemes - set(verifier.supported_schemes)
-        if unsupported:
-            allowed = ", ".join(sorted(s.value for s in verifier.supported_schemes))
-            skipped.append((recording.source, method, f"recorded scheme {', '.join(sorted(s.value for s in unsupported))} "
-                            f"is not among {method}'s supported schemes ({allowed})"))
-            continue
-        try:
-            per_rule[method] = [
-                float(np.mean([verifier.verify(tree, tree_rng(seed, index, r)).accepted_len + 1 for r in range(repeats)]))
-                for index, tree in enumerate(recording.trees)
-            ]
-        except VerispecError as error:
-            skipped.append((recording.source, method, f"{type(error).__name__}: {error}"))
+        values, reason = _replay_rule(recording, method, seed, repeats, chain_view)
+        if values is None:
+            skipped.append((recording.source, method, reason))
+        else:
+            per_rule[method] = values
     stats = []
     reference = next(iter(per_rule), None)
     for method, values in per_rule.items():
@@ -218,7 +371,7 @@ def replay_recording(recording: RecordedTrees, methods: list[str], seed: int = 0
     return stats, skipped
 
 
-def replay(directory: str | Path, methods: list[str], seed: int = 0, repeats: int = 1) -> ReplayReport:
+def replay(directory: str | Path, methods: list[str], seed: int = 0, repeats: int = 1, chain_view: bool = False) -> ReplayReport:
     """Re-verify every tree recorded under ``directory`` with every rule in ``methods``."""
     if repeats < 1:
         raise ConfigError(f"replay repeats must be >= 1, got {repeats}")
@@ -229,7 +382,7 @@ def replay(directory: str | Path, methods: list[str], seed: int = 0, repeats: in
     stats, skipped, live = [], [], {}
     for path in find_recordings(directory):
         recording = load_trees(path)
-        rule_stats, rule_skipped = replay_recording(recording, methods, seed, repeats)
+        rule_stats, rule_skipped = replay_recording(recording, methods, seed, repeats, chain_view)
         stats.extend(rule_stats)
         skipped.extend(rule_skipped)
         mean, ci = mean_ci95([tau + 1 for tau in recording.live_accepted_lens])

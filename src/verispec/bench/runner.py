@@ -204,14 +204,16 @@ class Sweep:
                         for spec in self.specs:
                             label = config_label(spec.method, spec.num_drafts, spec.draft_len, temperature)
                             progress.set_postfix_str(f"{dataset.name} {label} seed={seed}")
-                            recorder = TreeRecorder(config.record_limit) if config.record else None
+                            recorder = TreeRecorder(config.record_limit, config.record_per_prompt) if config.record else None
                             decoder = self._decoder(spec.method, spec.num_drafts, spec.draft_len, temperature,
                                                     recorder.callback if recorder else None)
                             records += self._decode_prompts(decoder, dataset, prompts, temperature, seed, progress, recorder)
                             if recorder is not None:
                                 name = f"{dataset.name}__{label}-s{seed}"
                                 meta = {"label": name, "dataset": dataset.name, "method": spec.method, "K": spec.num_drafts,
-                                        "L": spec.draft_len, "temperature": temperature, "seed": seed}
+                                        "L": spec.draft_len, "temperature": temperature, "seed": seed, "tree": None,
+                                        "top_k": config.top_k, "top_p": config.top_p, "draft": str(self._draft_for(spec.method)),
+                                        "per_prompt": config.record_per_prompt}
                                 path = recorder.save(Path(config.out) / TREES_DIR / f"{name}.npz", meta)
                                 if path is not None:
                                     recordings.append(path)

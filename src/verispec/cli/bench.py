@@ -12,7 +12,7 @@ from verispec.models import BACKENDS
 # Flags that map onto BenchConfig keys (argparse dest -> config key); None = not given.
 CONFIG_FLAGS = (
     "methods", "dataset", "limit", "K", "L", "temperatures", "max_new_tokens", "seeds", "out", "target",
-    "draft", "dtype", "device", "backend", "threads", "top_k", "top_p", "chat", "record", "record_limit", "anchor", "warmup", "progress",
+    "draft", "dtype", "device", "backend", "threads", "top_k", "top_p", "chat", "record", "record_limit", "record_per_prompt", "anchor", "warmup", "progress",
 )
 
 
@@ -45,6 +45,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record", action="store_const", const=True, default=None,
                         help="store the verified draft trees (full float64 vectors) under OUT/trees for --replay")
     parser.add_argument("--record-limit", type=int, default=None, help="rounds recorded per configuration (default 32)")
+    parser.add_argument("--record-per-prompt", type=int, default=None,
+                        help="rounds recorded per prompt (default: no per-prompt cap), so a recording spans many prompts")
     parser.add_argument("--anchor", action="store_const", const=True, default=None,
                         help="add transformers' generate and assisted generation (needs --draft DIR)")
     parser.add_argument("--no-warmup", dest="warmup", action="store_const", const=False, default=None)

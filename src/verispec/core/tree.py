@@ -49,6 +49,10 @@ class DraftTree:
                     path-based schemes; empty otherwise
       verifier_accept_probs (n,) optional; SPRINTER's probability that its learned verifier
                     accepts each node's token (0/1 for a thresholded score)
+      unmodified_target optional ``Rows``: the model's own rows when GBV-mod / SpecTr-GBV★
+                    modification windows rewrote ``target`` (ALGORITHMS.md §4.3, §6.3); None when
+                    no window was in force. Verification reads ``target``; replay of a rule that
+                    carries no modification reads these (bench.replay)
     """
 
     tokens: np.ndarray
@@ -58,6 +62,7 @@ class DraftTree:
     scheme: DraftScheme
     paths: tuple[tuple[int, ...], ...] = ()
     verifier_accept_probs: np.ndarray | None = field(default=None)
+    unmodified_target: Rows | None = field(default=None, compare=False)
 
     @staticmethod
     def build(

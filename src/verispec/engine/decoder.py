@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -301,7 +301,8 @@ class SpeculativeDecoder(TextDecoding):
     backend: how the adapters run a model forward (``models.hf``): "auto" (default: the native
     Llama forward when the model qualifies), "native" or "transformers" (the model's own forward).
     step_callback(tree, result, step): called after every speculative round with the verified
-    ``DraftTree`` (target vectors as verified, modifications applied), the ``VerifyResult`` and
+    ``DraftTree`` (target vectors as verified, modifications applied; the model's own rows in
+    ``tree.unmodified_target`` when windows were in force), the ``VerifyResult`` and
     the round's ``StepStats`` — e.g. to record draft trees for replay.
     """
 
@@ -456,7 +457,8 @@ class SpeculativeDecoder(TextDecoding):
         modified = modify_tree_targets(
             windows, np.asarray(skeleton.tokens), np.asarray(skeleton.parents), rows.dense(), skeleton.draft_probs
         )
-        return skeleton.with_target(modified.target_probs, validate=False), modified
+        tree = replace(skeleton.with_target(modified.target_probs, validate=False), unmodified_target=rows)
+        return tree, modified
 
     # ----- the loop -------------------------------------------------------------------------
     def _run(self, prompt, rng=None) -> Iterator[GenerationOutput]:
