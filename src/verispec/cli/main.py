@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_head_parser(sub)
 
+    from verispec.cli.compare import add_compare_parser
+
+    add_compare_parser(sub)
+
     from verispec.cli.serve import add_serve_parser
 
     add_serve_parser(sub, _add_model_flags, _int_list)
@@ -148,6 +152,10 @@ def main(argv=None) -> int:
             from verispec.cli.bench import run_bench
 
             return run_bench(args)
+        if args.command == "compare":
+            from verispec.cli.compare import run_compare
+
+            return run_compare(args)
         if args.command == "serve":
             from verispec.cli.serve import run_serve
 
