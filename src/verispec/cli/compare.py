@@ -14,8 +14,9 @@ def _ints(text: str) -> list[int]:
 
 def add_compare_parser(sub) -> None:
     parser = sub.add_parser("compare", help="the papers' claims on recorded draft trees: every lossless rule, common random numbers")
-    parser.add_argument("stage", choices=["record", "report", "all"],
-                        help="record: live runs that record trees; report: replay + claims + plots; all: both")
+    parser.add_argument("stage", choices=["record", "report", "all", "live"],
+                        help="record: live runs that record trees; report: replay + claims + plots; all: both; "
+                             "live: each rule at its best replayed point, live vs plain decoding (writes OUT/live.md)")
     parser.add_argument("--out", default="compare_out", help="folder of the recordings (OUT/trees) and the report")
     parser.add_argument("--grid", default="default", choices=["default", "small"],
                         help="default: K 1-4, L 2-8, T 0.3-1 (head), ★ K 1-4 (self-draft), binary trees 3-31 nodes")
@@ -29,6 +30,7 @@ def add_compare_parser(sub) -> None:
     parser.add_argument("--repeats", type=int, default=4, help="verifications per tree and rule in the replay (default 4)")
     parser.add_argument("--replay-seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--live-temperatures", default="0.6,1.0", help="live stage: temperatures (comma list)")
 
 
 def run_compare(args) -> int:
@@ -49,6 +51,19 @@ def run_compare(args) -> int:
                               max_new_tokens=args.max_new_tokens, seeds=args.seeds, per_prompt=args.per_prompt,
                               families=args.families.split(",") if args.families else None, shard=(index, count))
         record_grid(config)
+    if args.stage == "live":
+        from pathlib import Path
+
+        from verispec.bench.compare import live_best_markdown, run_live_best
+
+        replayed = replay_all(args.out, seed=args.replay_seed, repeats=args.repeats)
+        rows = []
+        for temperature in (float(t) for t in args.live_temperatures.split(",")):
+            rows += run_live_best(replayed, temperature, limit=args.limit, max_new_tokens=args.max_new_tokens, seed=args.seeds[0])
+        text = live_best_markdown(rows)
+        (Path(args.out) / "live.md").write_text("verispec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "\n\n" + text)
+        print(text)
+        return 0
     if args.stage in ("report", "all"):
         replayed = replay_all(args.out, seed=args.replay_seed, repeats=args.repeats)
         paths = write_compare_report(args.out, replayed, "verispec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))

@@ -346,6 +346,12 @@ class SpeculativeDecoder(TextDecoding):
             if tree is not None:
                 raise ConfigError("the token-tree draft sizes its trees itself; drop tree= / --tree")
             self.draft_len = self.drafter.max_depth
+        elif self.drafter is not None and self.tree is None and self.spec.tree_scheme is DraftScheme.DETERMINISTIC:
+            # said here rather than at the first round, so a sweep refuses the pair before decoding
+            raise ConfigError(
+                f"method {self.spec.name!r} with a sampled draft needs a tree shape (e.g. tree=[2, 2, 1] / --tree 2,2,1), "
+                "or use the token-tree draft (draft='tree')"
+            )
         if isinstance(self.drafter, HeadDrafter) and self.spec.name in CONTEXT_ONLY_Q_RULES:
             raise ConfigError(
                 f"method {self.spec.name!r} modifies the target assuming the draft's q of a prefix depends on the "
