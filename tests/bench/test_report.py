@@ -98,3 +98,43 @@ def test_html_is_self_contained(written):
     assert all(base64.b64decode(data).startswith(PNG_MAGIC) for data in images)
     assert "http://" not in page and "https://" not in page  # nothing external to load
     assert "<b>" in page
+
+
+def test_only_swept_dimensions_get_a_plot_with_their_own_ticks(tmp_path, monkeypatch):
+    """One L (4), one temperature, K in {1, 2}: a K plot with ticks exactly 1 and 2, and no L or
+    temperature plot (the old report drew an L axis from 3.8 to 4.2 around a single point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tests.bench.handmade import record
+
+    records = []
+    for prompt in ("p0", "p1"):
+        records.append(record("ar", [0] * 8, 1.0, prompt_id=prompt))
+        records.append(record("sd", [2, 3, 1], 0.6, prompt_id=prompt))
+        records.append(record("spectr", [3, 3, 2], 0.6, prompt_id=prompt, num_drafts=2))
+    rows = summarize(records, ["sd", "spectr"])
+    figures = []
+    original = plt.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        figures.append(figure)
+        return original(figure, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep)
+    paths = write_reports(tmp_path, records, rows, (), {"target": "hand-made", "draft": "none"})
+    assert "be_sr_vs_K" in paths and "be_sr_vs_L" not in paths and "be_sr_vs_temperature" not in paths
+    assert not (tmp_path / "be_sr_vs_L.png").exists()
+    assert "be_sr_vs_L.png" not in paths["md"].read_text()
+    vs_k = figures[0]
+    for axis in vs_k.axes:
+        assert list(axis.get_xticks()) == [1, 2]
+        assert [t.get_text() for t in axis.get_xticklabels()] == ["1", "2"]
+        assert axis.get_xlabel() == "K (drafted paths)"
+    assert "tokens per target call" in vs_k.axes[0].get_ylabel() and "over plain" in vs_k.axes[1].get_ylabel()
+    title = vs_k._suptitle.get_text()
+    assert "error bars: ± 1 std over" in title and "target hand-made" in title
+    breakdown = figures[-1]
+    assert "no error bars" in breakdown._suptitle.get_text() and "walltime" in breakdown.axes[0].get_xlabel()

@@ -304,7 +304,25 @@ def _series_label(method: str, num_drafts: int, many_k: bool) -> str:
     return f"{method} K={num_drafts}" if many_k else method
 
 
-def _plot_vs(rows: Sequence[SummaryRow], dimension: str, path: Path) -> Path:
+AXIS_LABELS = {"K": "K (drafted paths)", "L": "L (draft length, tokens)", "temperature": "temperature (target and draft)"}
+
+
+def swept_axis(axis, values: Sequence[float], integer: bool) -> None:
+    """Ticks exactly at the swept values (integers for K and L: no 1.5 drafts, no 3.8..4.2 axis)."""
+    values = sorted(set(values))
+    axis.set_xticks(values)
+    axis.set_xticklabels([str(int(v)) if integer else f"{v:g}" for v in values])
+
+
+def _spread_words(rows: Sequence[SummaryRow]) -> str:
+    spreads = {r.spread for r in rows}
+    over = spreads.pop() if len(spreads) == 1 else "seeds or prompts"
+    return f"error bars: ± 1 std over {over}, averaged over datasets"
+
+
+def _plot_vs(rows: Sequence[SummaryRow], dimension: str, path: Path, meta: dict | None = None) -> Path | None:
+    """BE and speedup vs one dimension, the others fixed at their first value; None (no file)
+    when that dimension was not swept (fewer than 2 values among the chosen rows)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -322,11 +340,14 @@ def _plot_vs(rows: Sequence[SummaryRow], dimension: str, path: Path) -> Path:
     else:
         chosen = [r for r in speculative if r.L == first_l]
         fixed = f"L = {first_l}"
+    x_of = {"K": lambda r: r.K, "L": lambda r: r.L, "temperature": lambda r: r.temperature}[dimension]
+    swept = sorted({x_of(r) for r in chosen if r.method not in ANCHOR_METHODS})
+    if len(swept) < 2:
+        return None
     many_k = len({r.K for r in chosen if r.method not in ANCHOR_METHODS}) > 1
     series_key = (lambda r: (r.method,)) if dimension == "K" else (lambda r: (r.method, r.K))
-    x_of = {"K": lambda r: r.K, "L": lambda r: r.L, "temperature": lambda r: r.temperature}[dimension]
     points = _mean_over_datasets(chosen, lambda r: (*series_key(r), x_of(r)))
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for series in dict.fromkeys(key[:-1] for key in points):
         xs = sorted(key[-1] for key in points if key[:-1] == series)
         values = [points[(*series, x)] for x in xs]
@@ -334,16 +355,17 @@ def _plot_vs(rows: Sequence[SummaryRow], dimension: str, path: Path) -> Path:
         for axis, (mean_index, std_index) in zip(axes, ((0, 1), (2, 3))):
             axis.errorbar(xs, [v[mean_index] for v in values], yerr=[v[std_index] for v in values],
                           marker="o", capsize=3, label=label)
-    axes[0].set_ylabel("block efficiency (tokens / target call)")
-    axes[1].set_ylabel("speedup over plain decoding")
+    axes[0].set_ylabel("block efficiency (tokens per target call)")
+    axes[1].set_ylabel("speedup (tokens/s over plain decoding's)")
     for axis in axes:
-        axis.set_xlabel(dimension)
+        axis.set_xlabel(AXIS_LABELS[dimension])
+        swept_axis(axis, swept, integer=dimension in ("K", "L"))
         axis.grid(alpha=0.3)
-    if points:
-        axes[1].legend(fontsize=8)
-    else:
-        axes[0].text(0.5, 0.5, "no speculative configuration ran", ha="center", transform=axes[0].transAxes)
-    figure.suptitle(f"BE and SR vs {dimension} ({fixed}; mean over datasets, ± std)")
+    axes[1].legend(fontsize=8)
+    datasets = ", ".join(sorted({r.dataset for r in chosen}))
+    pair = f"target {meta.get('target')}, draft {meta.get('draft')}; " if meta and meta.get("target") else ""
+    figure.suptitle(f"Block efficiency and speedup vs {dimension} ({fixed}; {pair}{datasets})\n{_spread_words(chosen)}",
+                    fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
@@ -368,19 +390,25 @@ def _plot_breakdown(rows: Sequence[SummaryRow], path: Path) -> Path:
         axis.barh(labels, widths, left=left, label=part)
         left = [a + b for a, b in zip(left, widths)]
     axis.set_xlim(0, 1)
-    axis.set_xlabel("fraction of the decoding rounds' walltime")
+    axis.set_xlabel("fraction of the decoding rounds' walltime (prefill excluded)")
     axis.invert_yaxis()
     axis.legend(ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    figure.suptitle("Time breakdown: draft / target / verify / other (mean over datasets)")
+    figure.suptitle("Time breakdown of the decoding rounds: draft / target / verify / other\n"
+                    "(mean over datasets, seeds and prompts; no error bars)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return path
 
 
-def make_plots(rows: Sequence[SummaryRow], out_dir: Path) -> dict[str, Path]:
-    """The PNG plots (``PLOTS``) under out_dir."""
-    plots = {name: _plot_vs(rows, name.rsplit("_", 1)[1], out_dir / f"{name}.png") for name in PLOTS if name.startswith("be_sr_vs")}
+def make_plots(rows: Sequence[SummaryRow], out_dir: Path, meta: dict | None = None) -> dict[str, Path]:
+    """The PNG plots (``PLOTS``) under out_dir: a "vs" plot only for a dimension that was swept."""
+    plots = {}
+    for name in PLOTS:
+        if name.startswith("be_sr_vs"):
+            drawn = _plot_vs(rows, name.rsplit("_", 1)[1], out_dir / f"{name}.png", meta)
+            if drawn is not None:
+                plots[name] = drawn
     plots["time_breakdown"] = _plot_breakdown(rows, out_dir / "time_breakdown.png")
     return plots
 
@@ -393,7 +421,7 @@ def write_reports(out_dir, records: Sequence[PromptRecord], rows: Sequence[Summa
         "records": write_records_jsonl(records, out_dir / "records.jsonl"),
         "csv": write_summary_csv(rows, out_dir / "summary.csv"),
     }
-    plots = make_plots(rows, out_dir)
+    plots = make_plots(rows, out_dir, meta)
     paths.update(plots)
     paths["md"] = out_dir / "summary.md"
     paths["md"].write_text(summary_markdown(rows, skipped, meta, plots))
