@@ -137,6 +137,9 @@ def test_report_stage_end_to_end(tiny_pair, tmp_path):
     again = replay_all(tmp_path, repeats=2, progress=False)
     assert [r.label for r in again] == [r.label for r in replayed]
     assert all(np.array_equal(a.values[m], b.values[m]) for a, b in zip(again, replayed) for m in a.values)
+    halves = [replay_all(tmp_path, repeats=2, progress=False, shard=(i, 2)) for i in (0, 1)]
+    assert sorted(r.label for half in halves for r in half) == sorted(r.label for r in replayed)
+    assert not {r.label for r in halves[0]} & {r.label for r in halves[1]}
 
 
 def test_plot_axes_have_integer_ticks_and_units(tiny_pair, tmp_path):

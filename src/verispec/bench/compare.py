@@ -9,7 +9,7 @@ plus the live run's timings, one ``.npz`` per (point, seed) under ``OUT/trees``.
 Stage 2, ``report``: every lossless rule that supports a recording's sampling scheme re-verifies
 its trees with common random numbers (``bench.replay.tree_rng``: the same stream for every rule on
 a tree), chain rules on path 0 of K-path trees, modifying rules only on their own recordings
-(``bench.replay``'s module docstring says why). Per-tree values are cached in ``OUT/replay.npz``.
+(``bench.replay``'s module docstring says why). Per-tree values are cached in ``OUT/replay/``.
 The claims table pairs rules on the same trees where their schemes allow it, else on the same
 (prompt, seed); intervals are over (prompt, seed) clusters (``cluster_mean_ci95``,
 ``cluster_bootstrap_ratio``), since the rounds of one prompt are dependent.
@@ -42,7 +42,7 @@ from verispec.verify.registry import METHODS
 
 SELF_DRAFT = "self"
 SELF_DRAFT_TEMPERATURE = 1.8
-REPLAY_FILE = "replay.npz"
+REPLAY_DIR = "replay"
 
 
 @dataclass(frozen=True)
@@ -261,36 +261,46 @@ def replay_one(recording: RecordedTrees, methods=REPLAY_METHODS, seed: int = 0, 
     return replayed
 
 
-def replay_all(out: str | Path, seed: int = 0, repeats: int = 4, progress: bool = True) -> list[ReplayedRecording]:
-    """Replay every recording under OUT (cached in OUT/replay.npz per recording label: a report
-    re-run reads the cache; delete it to replay again)."""
+def _cached(path: Path, seed: int, repeats: int) -> ReplayedRecording | None:
+    if not path.is_file():
+        return None
+    entry = json.loads(path.read_text())
+    if entry["repeats"] != repeats or entry["seed"] != seed:
+        return None
+    return ReplayedRecording(
+        entry["label"], entry["meta"], entry["prompt_ids"], np.asarray(entry["live_be"]),
+        {m: np.asarray(v) for m, v in entry["values"].items()}, entry["skipped"],
+        {m: np.asarray(v) for m, v in entry["predicted"].items()},
+    )
+
+
+def replay_all(out: str | Path, seed: int = 0, repeats: int = 4, progress: bool = True,
+               shard: tuple[int, int] = (0, 1)) -> list[ReplayedRecording]:
+    """Replay every recording under OUT, cached per recording in OUT/replay/LABEL.json (a report
+    re-run reads the cache; delete it to replay again). ``shard`` = (index, count): replay only
+    every count-th recording from index, so several processes can share the work."""
     out = Path(out)
-    cache_path = out / REPLAY_FILE
-    cache = {}
-    if cache_path.is_file():
-        with np.load(cache_path, allow_pickle=False) as data:
-            cache = json.loads(str(data["replayed"]))
+    cache_dir = out / REPLAY_DIR
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    index, count = shard
     results = []
-    for path in find_recordings(out):
-        key = path.stem
-        if key in cache and cache[key]["repeats"] == repeats and cache[key]["seed"] == seed:
-            entry = cache[key]
-            results.append(ReplayedRecording(
-                entry["label"], entry["meta"], entry["prompt_ids"], np.asarray(entry["live_be"]),
-                {m: np.asarray(v) for m, v in entry["values"].items()}, entry["skipped"],
-                {m: np.asarray(v) for m, v in entry["predicted"].items()},
-            ))
+    for path in find_recordings(out)[index::count]:
+        cache_path = cache_dir / f"{path.stem}.json"
+        cached = _cached(cache_path, seed, repeats)
+        if cached is not None:
+            results.append(cached)
             continue
         tic = time.perf_counter()
         replayed = replay_one(load_trees(path), seed=seed, repeats=repeats)
         results.append(replayed)
-        cache[key] = {"label": replayed.label, "meta": replayed.meta, "prompt_ids": replayed.prompt_ids,
-                      "live_be": replayed.live_be.tolist(), "values": {m: v.tolist() for m, v in replayed.values.items()},
-                      "skipped": replayed.skipped, "predicted": {m: v.tolist() for m, v in replayed.predicted.items()},
-                      "repeats": repeats, "seed": seed}
-        np.savez_compressed(cache_path, replayed=np.array(json.dumps(cache)))
+        cache_path.write_text(json.dumps({
+            "label": replayed.label, "meta": replayed.meta, "prompt_ids": replayed.prompt_ids,
+            "live_be": replayed.live_be.tolist(), "values": {m: v.tolist() for m, v in replayed.values.items()},
+            "skipped": replayed.skipped, "predicted": {m: v.tolist() for m, v in replayed.predicted.items()},
+            "repeats": repeats, "seed": seed,
+        }))
         if progress:
-            print(f"replayed {key}: {len(replayed.prompt_ids)} trees, {len(replayed.values)} rules, "
+            print(f"replayed {path.stem}: {len(replayed.prompt_ids)} trees, {len(replayed.values)} rules, "
                   f"{time.perf_counter() - tic:.0f} s", flush=True)
     return results
 

@@ -26,7 +26,9 @@ def add_compare_parser(sub) -> None:
     parser.add_argument("--seeds", type=_ints, default=[0, 1], help="comma list (default 0,1)")
     parser.add_argument("--per-prompt", type=int, default=12, help="rounds recorded per prompt (default 12)")
     parser.add_argument("--families", default=None, help="record only these families: paths,star,binary")
-    parser.add_argument("--shard", default="0/1", help="INDEX/COUNT: record every COUNT-th point from INDEX (parallel processes)")
+    parser.add_argument("--shard", default="0/1",
+                        help="INDEX/COUNT: record (or, with 'report', replay without writing the report) every COUNT-th "
+                             "point from INDEX, for parallel processes; a final 'report' without --shard merges")
     parser.add_argument("--repeats", type=int, default=4, help="verifications per tree and rule in the replay (default 4)")
     parser.add_argument("--replay-seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -65,7 +67,10 @@ def run_compare(args) -> int:
         print(text)
         return 0
     if args.stage in ("report", "all"):
-        replayed = replay_all(args.out, seed=args.replay_seed, repeats=args.repeats)
+        replayed = replay_all(args.out, seed=args.replay_seed, repeats=args.repeats, shard=(index, count))
+        if count > 1:
+            print(f"replayed shard {index}/{count} into {args.out}/replay; run 'report' without --shard to write the report")
+            return 0
         paths = write_compare_report(args.out, replayed, "verispec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
         for name, path in paths.items():
             print(f"{name}: {path}")
