@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import toy_pair
 from verispec.bench.compare import (
-    CANNOT_TELL, FAILS, HOLDS, GridPoint, RecordConfig, cluster_bootstrap_ratio, default_grid,
+    CANNOT_TELL, FAILS, HOLDS, GridPoint, RecordConfig, cluster_bootstrap_ratio, default_grid, make_grid,
     expected_block_efficiency_given_chain, replay_all, verdict, write_compare_report,
 )
 from verispec.bench.replay import TreeRecorder
@@ -75,15 +75,23 @@ def test_default_grid_sweeps_what_the_issue_asks():
     # the modifying rules run live only on the self-draft (the engine refuses them with the head)
     assert all(p.draft == "self" for p in grid if p.live_method in ("spectr-gbv-star", "spectr-gbv", "gbv-mod"))
     assert len({p.label for p in grid}) == len(grid)
+    small = make_grid([1, 3], [3], [0.8], [2], families=["paths", "binary"])
+    assert {(p.num_drafts, p.draft_len, p.temperature) for p in small if p.family == "paths"} == {(1, 3, 0.8), (3, 3, 0.8)}
+    assert {p.nodes for p in small if p.family == "binary"} == {7}
 
 
-def test_record_config_keeps_to_held_out_prompts():
+def test_record_config_keeps_to_held_out_prompts(tmp_path):
     with pytest.raises(ConfigError, match="held-out"):
         RecordConfig(start=35, limit=10).validate()
     with pytest.raises(ConfigError, match=">= 2 prompts"):
         RecordConfig(limit=1).validate()
-    with pytest.raises(ConfigError, match="unknown grid"):
-        RecordConfig(grid="huge").validate()
+    with pytest.raises(ConfigError, match="positive values"):
+        RecordConfig(temperatures=[0.0]).validate()
+    spec_bench = tmp_path / "q.jsonl"
+    spec_bench.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]}) + "\n"
+                                  for i, c in [(1, "a"), (5, "a"), (10, "a"), (15, "b"), (16, "b")]))
+    prompts = RecordConfig(dataset=str(spec_bench), limit=1).prompts()
+    assert [p.prompt_id for p in prompts] == ["5", "15"]  # ids divisible by 5, limit per category
 
 
 def _record(tiny_pair, out: Path, point: GridPoint, seed: int):
@@ -121,14 +129,22 @@ def test_report_stage_end_to_end(tiny_pair, tmp_path):
     star = next(r for r in replayed if r.meta["family"] == "star")
     assert "spectr-gbv-star" in star.values and "gbv-mod" in star.skipped
     paths = write_compare_report(tmp_path, replayed, "verispec compare report --out X")
-    claims = json.loads(paths["json"].read_text())["claims"]
+    claims = json.loads(paths["json"].read_text())
+    assert isinstance(claims, list)
+    for record in claims:  # the interface other tools read (issue 15)
+        assert {"claim", "paper_value", "measured", "ci_low", "ci_high", "verdict"} <= set(record)
+    import csv
+
+    table = list(csv.DictReader(paths["csv"].open()))
+    assert {"rule", "K", "L", "temperature", "block_efficiency", "ci_low", "ci_high"} <= set(table[0])
+    assert {r["rule"] for r in table} >= {"sd", "bv", "gmpbv", "spechub", "rrs", "rrsw", "traversal"}
     names = {c["claim"] for c in claims}
     assert "BV >= SD (block efficiency, same chain)" in names
     assert "GMPBV improves block efficiency over BV" in names
     assert {"SpecHub > RRS", "SpecHub > RRSW", "Traversal >= NSS"} <= names
     assert any(c["claim"].startswith("Closed form predicts") for c in claims)
-    assert all(c["verdict"] in (HOLDS, FAILS, CANNOT_TELL, "reported, not a claim") for c in claims)
-    assert all(c["low"] <= c["estimate"] <= c["high"] for c in claims if not math.isnan(c["low"]))
+    assert all(c["verdict"] in (HOLDS, FAILS, CANNOT_TELL) for c in claims)
+    assert all(c["ci_low"] <= c["measured"] <= c["ci_high"] for c in claims if not math.isnan(c["ci_low"]))
     # plots only for swept dimensions: K (1, 2) and L (2, 4, 8) and tree nodes (3, 7); T was not swept
     assert {"be_vs_K", "be_vs_L", "be_vs_nodes", "live_breakdown"} <= set(paths) and "be_vs_T" not in paths
     text = paths["md"].read_text()

@@ -76,56 +76,65 @@ class GridPoint:
         return f"{self.family}__{self.live_method}__{self.draft}__{shape}__T{self.temperature:g}"
 
 
-def default_grid() -> list[GridPoint]:
-    """The sweep of issue 15: K 1-4, L 2-8, T 0.3-1.0 on the head's K-path trees (GMPBV live);
-    K 1-4 with SpecTr-GBV★ live (and the published SpecTr-GBV at K = 2) on the self-draft; binary
-    trees of 3-31 nodes at T = 1 under the three sampling schemes of RRS, RRSw and SpecHub."""
-    points = [GridPoint("paths", "gmpbv", "head", k, 4, 0.6) for k in (1, 2, 3, 4)]
-    points += [GridPoint("paths", "gmpbv", "head", 2, length, 0.6) for length in (2, 6, 8)]
-    points += [GridPoint("paths", "gmpbv", "head", 2, 4, t) for t in (0.3, 1.0)]
-    points += [GridPoint("star", "spectr-gbv-star", SELF_DRAFT, k, 4, 0.6) for k in (1, 2, 3, 4)]
-    points += [GridPoint("star", "spectr-gbv", SELF_DRAFT, 2, 4, 0.6)]
+def make_grid(ks=(1, 2, 3, 4), lengths=(2, 4, 6, 8), temperatures=(0.3, 0.6, 1.0), binary_depths=(1, 2, 3, 4),
+              families=None) -> list[GridPoint]:
+    """The sweep of issue 15, one factor at a time around (K0, L0, T0) = (2, 4, 0.6) (or the first
+    value given): K, L and T on the head's K-path trees with GMPBV live; K with SpecTr-GBV★ live
+    (and the published SpecTr-GBV at K0) on the self-draft; binary trees of the given depths
+    (3, 7, 15, 31 nodes) at T = 1 under the three sampling schemes of RRS, RRSw and SpecHub."""
+    ks, lengths, temperatures = list(ks), list(lengths), [float(t) for t in temperatures]
+    if not ks or not lengths or not temperatures or min(ks) < 1 or min(lengths) < 1 or min(temperatures) <= 0:
+        raise ConfigError(f"K, L and temperatures need positive values (T > 0: sampled drafts), got K={ks}, L={lengths}, "
+                          f"T={temperatures}")
+    k0 = 2 if 2 in ks else ks[0]
+    l0 = 4 if 4 in lengths else lengths[0]
+    t0 = 0.6 if 0.6 in temperatures else temperatures[0]
+    points = [GridPoint("paths", "gmpbv", "head", k, l0, t0) for k in ks]
+    points += [GridPoint("paths", "gmpbv", "head", k0, length, t0) for length in lengths if length != l0]
+    points += [GridPoint("paths", "gmpbv", "head", k0, l0, t) for t in temperatures if t != t0]
+    points += [GridPoint("star", "spectr-gbv-star", SELF_DRAFT, k, l0, t0) for k in ks]
+    points += [GridPoint("star", "spectr-gbv", SELF_DRAFT, k0, l0, t0)]
     for live in ("rrs", "rrsw", "spechub"):
-        points += [GridPoint("binary", live, "head", 2, depth, 1.0, tree=(2,) * depth) for depth in (1, 2, 3, 4)]
-    return points
+        points += [GridPoint("binary", live, "head", 2, depth, 1.0, tree=(2,) * depth) for depth in binary_depths]
+    unique = list(dict.fromkeys(points))
+    return [p for p in unique if families is None or p.family in families]
 
 
-def small_grid() -> list[GridPoint]:
-    """Three points that touch every family (smoke runs and tests)."""
-    return [GridPoint("paths", "gmpbv", "head", 2, 3, 0.6), GridPoint("star", "spectr-gbv-star", SELF_DRAFT, 2, 3, 0.6),
-            GridPoint("binary", "rrsw", "head", 2, 2, 1.0, tree=(2, 2))]
-
-
-GRIDS = {"default": default_grid, "small": small_grid}
-
-
-def grid_points(name: str) -> list[GridPoint]:
-    if name not in GRIDS:
-        raise ConfigError(f"unknown grid {name!r}; choose one of {', '.join(GRIDS)}")
-    return GRIDS[name]()
+def default_grid() -> list[GridPoint]:
+    return make_grid()
 
 
 @dataclass
 class RecordConfig:
-    """Stage 1. Prompts HumanEval ``start`` .. ``start + limit - 1`` (0-39 are held out from every
-    draft's training)."""
+    """Stage 1. Prompts: HumanEval ``start`` .. ``start + limit - 1`` (0-39 are held out from every
+    draft's training), or a Spec-Bench JSONL file's held-out ids (divisible by 5), ``limit`` per
+    category."""
 
     out: str = "compare_out"
-    grid: str = "default"
+    K: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    L: list[int] = field(default_factory=lambda: [2, 4, 6, 8])
+    temperatures: list[float] = field(default_factory=lambda: [0.3, 0.6, 1.0])
+    binary_depths: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    dataset: str = "humaneval"
     limit: int = 10
     start: int = 0
     max_new_tokens: int = 32
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     per_prompt: int | None = 12
     top_p: float = 1.0
+    target: str | None = None  # None: the embedded default target
+    draft: str = "head"  # 'head', a head directory, or a draft model directory
     self_draft_temperature: float = SELF_DRAFT_TEMPERATURE
     families: list[str] | None = None  # record only these families (None: all)
     shard: tuple[int, int] = (0, 1)  # (index, count): this process records points index, index + count, ...
 
+    def grid(self) -> list[GridPoint]:
+        return make_grid(self.K, self.L, self.temperatures, self.binary_depths, self.families)
+
     def validate(self) -> "RecordConfig":
-        if self.limit < 2:
+        if self.limit < 1 or (self.dataset == "humaneval" and self.limit < 2):
             raise ConfigError(f"limit must be >= 2 prompts (intervals are over prompts), got {self.limit}")
-        if self.start < 0 or self.start + self.limit > 40:
+        if self.dataset == "humaneval" and (self.start < 0 or self.start + self.limit > 40):
             raise ConfigError(f"prompts {self.start}..{self.start + self.limit - 1} leave HumanEval 0-39, the held-out "
                               "prompts; use start + limit <= 40")
         if not self.seeds:
@@ -133,15 +142,27 @@ class RecordConfig:
         index, count = self.shard
         if not 0 <= index < count:
             raise ConfigError(f"shard must be INDEX/COUNT with 0 <= INDEX < COUNT, got {index}/{count}")
-        grid_points(self.grid)
+        self.grid()
         return self
 
+    def prompts(self):
+        from verispec.bench.datasets import humaneval_prompts, spec_bench_prompts
 
-def _draft_for(point: GridPoint, target):
-    return target if point.draft == SELF_DRAFT else point.draft
+        if self.dataset == "humaneval":
+            return humaneval_prompts(self.start + self.limit)[self.start :]
+        held_out = [p for p in spec_bench_prompts(self.dataset) if p.prompt_id.isdigit() and int(p.prompt_id) % 5 == 0]
+        per_category: dict[str, int] = {}
+        chosen = []
+        for prompt in held_out:
+            if per_category.get(prompt.category, 0) < self.limit:
+                per_category[prompt.category] = per_category.get(prompt.category, 0) + 1
+                chosen.append(prompt)
+        if len(chosen) < 2:
+            raise ConfigError(f"{self.dataset}: fewer than 2 held-out prompts (question ids divisible by 5)")
+        return chosen
 
 
-def record_point(point: GridPoint, seed: int, config: RecordConfig, target, tokenizer, prompts) -> Path:
+def record_point(point: GridPoint, seed: int, config: RecordConfig, target, tokenizer, prompts, draft="head") -> Path:
     """Decode every prompt live with the point's rule; save the recording with its live timings."""
     from verispec.bench.runner import prompt_seed
     from verispec.core.rng import SeededRng
@@ -150,7 +171,7 @@ def record_point(point: GridPoint, seed: int, config: RecordConfig, target, toke
 
     recorder = TreeRecorder(limit=10**9, per_prompt=config.per_prompt)
     decoder = SpeculativeDecoder(
-        target, _draft_for(point, target), tokenizer=tokenizer, method=point.live_method,
+        target, target if point.draft == SELF_DRAFT else draft, tokenizer=tokenizer, method=point.live_method,
         num_drafts=point.num_drafts, draft_len=point.draft_len, tree=list(point.tree) if point.tree else None,
         temperature=point.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
         draft_temperature=config.self_draft_temperature if point.draft == SELF_DRAFT else None,
@@ -166,35 +187,46 @@ def record_point(point: GridPoint, seed: int, config: RecordConfig, target, toke
     meta = {**asdict(point), "method": point.live_method, "K": point.num_drafts, "L": point.draft_len, "seed": seed,
             "label": f"{point.label}__s{seed}", "top_p": config.top_p, "per_prompt": config.per_prompt,
             "draft_temperature": config.self_draft_temperature if point.draft == SELF_DRAFT else None,
-            "max_new_tokens": config.max_new_tokens, "dataset": "humaneval", "live": live}
+            "max_new_tokens": config.max_new_tokens, "dataset": config.dataset, "live": live,
+            "draft_source": config.draft if point.draft != SELF_DRAFT else "self"}
     path = Path(config.out) / TREES_DIR / f"{meta['label']}.npz"
     recorder.save(path, meta)
     return path
 
 
-def record_grid(config: RecordConfig, target=None, tokenizer=None, progress: bool = True) -> list[Path]:
+def load_pair(config: RecordConfig):
+    """(target, tokenizer, draft) for the head families: the draft is 'head' / a head directory
+    (loaded by the decoder) or a draft model directory."""
+    import torch
+
+    from verispec.engine.head_drafter import is_head_source
+    from verispec.models.default import load_default_target, load_model
+
+    if config.target is None:
+        target, tokenizer = load_default_target()
+    else:
+        target, tokenizer = load_model(config.target, torch.float32, "cpu")
+    draft = config.draft if is_head_source(config.draft) else load_model(config.draft, torch.float32, "cpu")[0]
+    return target, tokenizer, draft
+
+
+def record_grid(config: RecordConfig, target=None, tokenizer=None, draft=None, progress: bool = True) -> list[Path]:
     """Stage 1 over the grid (this shard's points), skipping recordings that already exist (a
     stopped run resumes)."""
-    from verispec.bench.datasets import humaneval_prompts
-
     config.validate()
     if target is None:
-        from verispec.models.default import load_default_target
-
-        target, tokenizer = load_default_target()
-    prompts = humaneval_prompts(config.start + config.limit)[config.start :]
-    points = [p for p in grid_points(config.grid) if config.families is None or p.family in config.families]
+        target, tokenizer, draft = load_pair(config)
+    prompts = config.prompts()
     index, count = config.shard
-    points = points[index::count]
     paths = []
-    for point in points:
+    for point in config.grid()[index::count]:
         for seed in config.seeds:
             path = Path(config.out) / TREES_DIR / f"{point.label}__s{seed}.npz"
             if path.is_file():
                 paths.append(path)
                 continue
             tic = time.perf_counter()
-            paths.append(record_point(point, seed, config, target, tokenizer, prompts))
+            paths.append(record_point(point, seed, config, target, tokenizer, prompts, draft))
             if progress:
                 print(f"recorded {path.name} in {time.perf_counter() - tic:.0f} s", flush=True)
     return paths
@@ -343,13 +375,16 @@ def verdict(low: float, high: float, direction: str) -> str:
 
 @dataclass
 class ClaimRow:
+    """One record of claims.json (the interface names: claim, paper_value, measured, ci_low,
+    ci_high, verdict) with the setting, the statistic, how it was paired and the clusters."""
+
     claim: str
-    paper: str
+    paper_value: str
     setting: str
     statistic: str
-    estimate: float
-    low: float
-    high: float
+    measured: float
+    ci_low: float
+    ci_high: float
     verdict: str
     pairing: str
     clusters: int
@@ -456,20 +491,12 @@ def claims(replayed: list[ReplayedRecording]) -> list[ClaimRow]:
     for other in ("spectr", "gmpbv"):
         if (2, other) in star_diffs and (4, other) in star_diffs:
             two, four = star_diffs[(2, other)], star_diffs[(4, other)]
-            growth = four.estimate - two.estimate
-            half = math.hypot((four.high - four.low) / 2, (two.high - two.low) / 2)
+            growth = four.measured - two.measured
+            half = math.hypot((four.ci_high - four.ci_low) / 2, (two.ci_high - two.ci_low) / 2)
             rows.append(ClaimRow(f"SpecTr-GBV★'s gain over {other} grows with K", "growing with K (SpecTr-GBV paper)",
                                  "self-draft, K = 4 vs K = 2, L = 4, T = 0.6", "gain(K = 4) - gain(K = 2)", growth,
                                  growth - half, growth + half, verdict(growth - half, growth + half, ">"),
                                  "independent recordings: normal combination of the two intervals", min(two.clusters, four.clusters)))
-    published = _find(points, family="star", live_method="spectr-gbv", num_drafts=2)
-    star2 = _find(points, family="star", live_method="spectr-gbv-star", num_drafts=2)
-    if published is not None and star2 is not None and "spectr-gbv" in published.values:
-        mean, half, count = _cluster_paired(published, "spectr-gbv", star2, "spectr-gbv-star")
-        rows.append(ClaimRow("Published SpecTr-GBV (NOT lossless for K >= 2) beside SpecTr-GBV★", "(its BE gain is not a lossless gain)",
-                             "self-draft, K = 2, L = 4, T = 0.6", "BE(spectr-gbv) - BE(★)", mean, mean - half, mean + half,
-                             "reported, not a claim", "same (prompt, seed), different trees", count,
-                             "the published rule's output law is off by TV 4-14% per block on ALGORITHMS.md §6.2's fixtures"))
     # 4. SpecHub vs RRS / RRSw on binary trees at T = 1 (different sampling schemes: paired by prompt)
     for depth in (1, 2, 3, 4):
         hub = _find(points, family="binary", live_method="spechub", tree=(2,) * depth)
@@ -515,7 +542,7 @@ def claims_markdown(rows: list[ClaimRow]) -> str:
     lines = ["| claim | paper | setting | statistic | verispec (95% CI) | verdict | pairing | clusters | note |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.claim} | {r.paper} | {r.setting} | {r.statistic} | {r.estimate:+.3f} [{r.low:+.3f}, {r.high:+.3f}] "
+        lines.append(f"| {r.claim} | {r.paper_value} | {r.setting} | {r.statistic} | {r.measured:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
                      f"| **{r.verdict}** | {r.pairing} | {r.clusters} | {r.note} |")
     return "\n".join(lines) + "\n"
 
@@ -684,142 +711,81 @@ def live_vs_replay_table(replayed: list[ReplayedRecording]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare_rows(replayed: list[ReplayedRecording]) -> list[dict]:
+    """compare.csv: one row per rule x grid point (K, L, T, tree), BE with its 95% interval over
+    (prompt, seed) clusters."""
+    rows = []
+    for label, point in sorted(by_point(replayed).items()):
+        meta = point.meta
+        for method in REPLAY_METHODS:
+            if method not in point.values:
+                continue
+            mean, half, count = cluster_mean_ci95(point.values[method], point.clusters)
+            rows.append({
+                "rule": method, "K": meta["num_drafts"], "L": meta["draft_len"], "temperature": meta["temperature"],
+                "block_efficiency": mean, "ci_low": mean - half, "ci_high": mean + half,
+                "tree": "-".join(map(str, meta["tree"])) if meta.get("tree") else "", "nodes": point_x(meta, "nodes"),
+                "family": meta["family"], "draft": meta.get("draft_source", meta["draft"]), "live_rule": meta["live_method"],
+                "lossless": method not in LOSSY, "trees": len(point.values[method]), "clusters": count,
+                "view": "path 0" if METHODS[method].draft == "chain" and meta["num_drafts"] > 1 else "",
+            })
+    return rows
+
+
+def published_spectr_gbv_markdown(replayed: list[ReplayedRecording]) -> str:
+    """The published (lossy) SpecTr-GBV's live-run BE beside ★'s at the same K: not a claim (its
+    gain is not a lossless gain), reported so a reader sees what the lossy rule would promise."""
+    points = by_point(replayed)
+    lines = []
+    for point in points.values():
+        if point.meta.get("live_method") != "spectr-gbv" or "spectr-gbv" not in point.values:
+            continue
+        star = _find(points, family="star", live_method="spectr-gbv-star", num_drafts=point.meta["num_drafts"])
+        if star is None or "spectr-gbv-star" not in star.values:
+            continue
+        mean, half, count = _cluster_paired(point, "spectr-gbv", star, "spectr-gbv-star")
+        lossy, lossy_half, _ = cluster_mean_ci95(point.values["spectr-gbv"], point.clusters)
+        exact, exact_half, _ = cluster_mean_ci95(star.values["spectr-gbv-star"], star.clusters)
+        lines.append(f"Published SpecTr-GBV (NOT lossless for K >= 2: output law off by TV 4-14% per block on "
+                     f"ALGORITHMS.md §6.2's fixtures), K = {point.meta['num_drafts']}: BE {lossy:.3f} ± {lossy_half:.3f} "
+                     f"vs SpecTr-GBV★ {exact:.3f} ± {exact_half:.3f}; difference {mean:+.3f} ± {half:.3f} "
+                     f"({count} (prompt, seed) clusters, different trees).")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def write_compare_report(out: str | Path, replayed: list[ReplayedRecording], command: str = "") -> dict[str, Path]:
+    """OUT/claims.json (a list of claim records), OUT/compare.csv, OUT/claims.md, OUT/plots/*.png."""
+    import csv
+
     out = Path(out)
     rows = claims(replayed)
     seeds = sorted({str(r.meta["seed"]) for r in replayed})
     prompts = sorted({p for r in replayed for p in r.prompt_ids})
-    subtitle = f"SmolLM2-135M-Instruct, {len(prompts)} HumanEval prompts, seeds {','.join(seeds)}"
+    datasets = sorted({str(r.meta.get("dataset", "humaneval")) for r in replayed})
+    subtitle = f"SmolLM2-135M-Instruct, {len(prompts)} prompts ({', '.join(datasets)}), seeds {','.join(seeds)}"
     plots = make_compare_plots(replayed, out / "plots", subtitle)
+    table = compare_rows(replayed)
     text = [
         "# verispec compare: the papers' claims on recorded draft trees", "",
-        f"Target SmolLM2-135M-Instruct; drafts: the shipped EAGLE-3 head, and a self-draft (the target at draft "
-        f"temperature {SELF_DRAFT_TEMPERATURE}) for the rules that modify later target rows. Prompts: {', '.join(prompts[:3])}"
+        f"Drafts: the shipped EAGLE-3 head, and a self-draft (the target at draft temperature "
+        f"{SELF_DRAFT_TEMPERATURE}) for the rules that modify later target rows. Prompts: {', '.join(prompts[:3])}"
         f"{' ...' if len(prompts) > 3 else ''} ({len(prompts)}, held out); seeds {', '.join(seeds)}. "
         "Every rule re-verifies the recorded trees with common random numbers; intervals are 95% over (prompt, seed) "
         "clusters (Student t on the cluster means; GMPBV/BV ratio: cluster bootstrap). A claim 'holds' only when the "
         "interval excludes 0 in the claimed direction.", "",
         f"Command: `{command}`" if command else "", "",
-        "## Claims", "", claims_markdown(rows), "",
+        "## Claims", "", claims_markdown(rows), "", published_spectr_gbv_markdown(replayed), "",
         "## Live vs replayed block efficiency", "",
         "A rule replayed on its own live recording (modification windows as the live run applied them) estimates its "
         "live block efficiency without bias: the intervals should overlap.", "", live_vs_replay_table(replayed), "",
         "## Block efficiency of every rule at every point", "", block_efficiency_table(replayed), "",
         "## Plots", "", *[f"![{name}](plots/{path.name})" for name, path in plots.items()], "",
     ]
-    paths = {"md": out / "claims.md", "json": out / "claims.json"}
+    paths = {"md": out / "claims.md", "json": out / "claims.json", "csv": out / "compare.csv"}
     paths["md"].write_text("\n".join(text))
-    paths["json"].write_text(json.dumps({"claims": [asdict(r) for r in rows], "plots": {k: str(v) for k, v in plots.items()}},
-                                        indent=1, default=float))
+    paths["json"].write_text(json.dumps([asdict(r) for r in rows], indent=1, default=float))
+    with paths["csv"].open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]) if table else ["rule"])
+        writer.writeheader()
+        writer.writerows(table)
     return {**paths, **plots}
-
-
-# ----- live tokens/s of each rule's best point (issue 15 item 4) --------------------------------
-
-
-@dataclass
-class LiveBest:
-    method: str
-    point: str
-    temperature: float
-    replayed_be: float
-    replayed_ci95: float
-    live_be: float
-    tokens_per_second: float
-    plain_tokens_per_second: float
-    speedup_median: float
-    speedup_min: float
-    speedup_max: float
-    verify_ms_per_round: float
-    draft_ms_per_round: float
-    target_ms_per_round: float
-    prompts: int
-
-
-def best_points(replayed: list[ReplayedRecording], temperature: float) -> dict[str, ReplayedRecording]:
-    """Per lossless rule, the head-draft point at ``temperature`` with the highest replayed BE."""
-    best: dict[str, tuple[float, ReplayedRecording]] = {}
-    for point in by_point(replayed).values():
-        if point.meta.get("draft") != "head" or point.meta.get("temperature") != temperature:
-            continue
-        for method, values in point.values.items():
-            if method in LOSSY:
-                continue
-            mean = cluster_mean_ci95(values, point.clusters)[0]
-            if method not in best or mean > best[method][0]:
-                best[method] = (mean, point)
-    return {m: p for m, (_, p) in sorted(best.items())}
-
-
-def run_live_best(replayed: list[ReplayedRecording], temperature: float, limit: int = 8, max_new_tokens: int = 32,
-                  seed: int = 0, target=None, tokenizer=None, progress: bool = True) -> list[LiveBest]:
-    """Each rule at its best point, live on HumanEval 0..limit-1, interleaved per prompt with plain
-    decoding (rotating order, one process, the threads set by the caller): tokens/s and its ratio."""
-    from verispec.bench.datasets import humaneval_prompts
-    from verispec.bench.runner import prompt_seed
-    from verispec.core.rng import SeededRng
-    from verispec.engine.decoder import SpeculativeDecoder
-    from verispec.models.default import encode_prompt
-
-    if target is None:
-        from verispec.models.default import load_default_target
-
-        target, tokenizer = load_default_target()
-    chosen = best_points(replayed, temperature)
-    if not chosen:
-        raise ConfigError(f"no head-draft recordings at T = {temperature:g} under the replay; record them first")
-    decoders = {"plain": SpeculativeDecoder(target, None, tokenizer=tokenizer, method="ar", temperature=temperature,
-                                            max_new_tokens=max_new_tokens)}
-    not_run: dict[str, str] = {}
-    for method, point in chosen.items():
-        meta = point.meta
-        # a chain rule's replay read path 0, a chain x ~ q: live it drafts that chain alone (K = 1)
-        num_drafts = 1 if METHODS[method].draft == "chain" else meta["num_drafts"]
-        try:
-            decoders[method] = SpeculativeDecoder(
-                target, "head", tokenizer=tokenizer, method=method, num_drafts=num_drafts, draft_len=meta["draft_len"],
-                tree=list(meta["tree"]) if meta.get("tree") else None, temperature=temperature, max_new_tokens=max_new_tokens,
-            )
-        except ConfigError as error:  # e.g. qfree's live draft is the token tree, not sampled paths
-            not_run[method] = str(error)
-    chosen = {m: p for m, p in chosen.items() if m in decoders}
-    prompts = humaneval_prompts(limit)
-    outputs: dict[str, list] = {name: [] for name in decoders}
-    names = list(decoders)
-    for index, prompt in enumerate(prompts):
-        ids = encode_prompt(tokenizer, prompt.text)
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:  # rotate the order per prompt
-            outputs[name].append(decoders[name].generate(ids, rng=SeededRng(prompt_seed(seed, index))))
-        if progress:
-            print(f"live prompt {index + 1}/{len(prompts)} done", flush=True)
-    plain = outputs["plain"]
-    rows = []
-    for method, point in chosen.items():
-        runs = outputs[method]
-        ratios = np.array([(r.new_tokens / r.seconds) / (p.new_tokens / p.seconds) for r, p in zip(runs, plain)])
-        calls = sum(r.target_calls for r in runs)
-        parts = {k: sum(r.time_breakdown()[k] for r in runs) * 1e3 / max(calls, 1) for k in ("verify", "draft", "target")}
-        mean, half, _ = cluster_mean_ci95(point.values[method], point.clusters)
-        rows.append(LiveBest(
-            method, point.label, temperature, mean, half, sum(r.new_tokens for r in runs) / max(calls, 1),
-            sum(r.new_tokens for r in runs) / sum(r.seconds for r in runs),
-            sum(p.new_tokens for p in plain) / sum(p.seconds for p in plain),
-            float(np.median(ratios)), float(ratios.min()), float(ratios.max()),
-            parts["verify"], parts["draft"], parts["target"], len(runs),
-        ))
-    for method, reason in not_run.items():
-        if progress:
-            print(f"{method} not run live at its best point: {reason}", flush=True)
-    return rows
-
-
-def live_best_markdown(rows: list[LiveBest]) -> str:
-    lines = ["| rule | best point (replayed BE) | T | replayed BE | live BE | tok/s | plain tok/s | speedup median (min / max over prompts) | verify / draft / target ms per round |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: -r.speedup_median):
-        lines.append(f"| {r.method} | {r.point} | {r.temperature:g} | {r.replayed_be:.3f} ± {r.replayed_ci95:.3f} | {r.live_be:.3f} | "
-                     f"{r.tokens_per_second:.1f} | {r.plain_tokens_per_second:.1f} | {r.speedup_median:.2f}x "
-                     f"({r.speedup_min:.2f} / {r.speedup_max:.2f}) | {r.verify_ms_per_round:.1f} / {r.draft_ms_per_round:.1f} / "
-                     f"{r.target_ms_per_round:.1f} |")
-    return "\n".join(lines) + "\n"
