@@ -153,6 +153,12 @@ def test_report_stage_end_to_end(tiny_pair, tmp_path):
     again = replay_all(tmp_path, repeats=2, progress=False)
     assert [r.label for r in again] == [r.label for r in replayed]
     assert all(np.array_equal(a.values[m], b.values[m]) for a, b in zip(again, replayed) for m in a.values)
+    from verispec.cli.main import main
+
+    paths["json"].unlink()
+    assert main(["compare", "report", "--out", str(tmp_path), "--repeats", "2"]) == 0  # reads the cache
+    assert json.loads(paths["json"].read_text()) == claims
+    assert main(["compare", "report", "--out", str(tmp_path), "--shard", "2/2"]) == 2  # a clear error, no traceback
     halves = [replay_all(tmp_path, repeats=2, progress=False, shard=(i, 2)) for i in (0, 1)]
     assert sorted(r.label for half in halves for r in half) == sorted(r.label for r in replayed)
     assert not {r.label for r in halves[0]} & {r.label for r in halves[1]}
