@@ -88,9 +88,9 @@ def test_q_based_rules_refuse_the_token_tree_draft(target, method):
 
 
 def test_qfree_with_a_sampled_draft_needs_a_shape(target):
-    decoder = SpeculativeDecoder(target, "ngram", method="qfree")
-    with pytest.raises(ConfigError, match="needs a tree shape"):
-        decoder.generate(PROMPT)
+    with pytest.raises(ConfigError, match="needs a tree shape"):  # refused at construction, before any round
+        SpeculativeDecoder(target, "ngram", method="qfree")
+    assert SpeculativeDecoder(target, "ngram", method="qfree", tree=[2, 1], max_new_tokens=4).generate(PROMPT).new_tokens == 4
     with pytest.raises(ConfigError, match="sizes its trees itself"):
         SpeculativeDecoder(target, "tree", tree=[2, 2])
 
