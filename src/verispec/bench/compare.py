@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from verispec.bench.replay import (
-    TREES_DIR, RecordedTrees, TreeRecorder, cluster_mean_ci95, find_recordings, live_vs_replay, load_trees,
-    replay_recording,
+    TREES_DIR, RecordedTrees, TreeRecorder, cluster_mean_ci95, compare_live_and_replay, find_recordings, load_trees,
+    live_vs_replay_markdown, replay_recording, tree_for_rule,
 )
 from verispec.core.tree import DraftScheme
 from verispec.errors import ConfigError
@@ -279,8 +279,6 @@ def expected_block_efficiency_given_chain(method: str, tree) -> float:
 
 
 def replay_one(recording: RecordedTrees, methods=REPLAY_METHODS, seed: int = 0, repeats: int = 4) -> ReplayedRecording:
-    from verispec.bench.replay import _tree_for
-
     stats, skipped = replay_recording(recording, list(methods), seed=seed, repeats=repeats, chain_view=True)
     replayed = ReplayedRecording(
         recording.source, recording.meta, list(recording.prompt_ids), np.asarray(recording.live_accepted_lens) + 1.0,
@@ -288,7 +286,7 @@ def replay_one(recording: RecordedTrees, methods=REPLAY_METHODS, seed: int = 0, 
     )
     if all(t.scheme in (DraftScheme.CHAIN, DraftScheme.IID_PATHS) for t in recording.trees):
         for method in ("sd", "bv"):
-            chains = [_tree_for(method, tree, True, False) for tree in recording.trees]
+            chains = [tree_for_rule(method, tree, True, False) for tree in recording.trees]
             replayed.predicted[method] = np.array([expected_block_efficiency_given_chain(method, c) for c in chains])
     return replayed
 
@@ -698,17 +696,10 @@ def block_efficiency_table(replayed: list[ReplayedRecording]) -> str:
 
 def live_vs_replay_table(replayed: list[ReplayedRecording]) -> str:
     """The live rule's replayed BE against the live BE of the same rounds, per point (all seeds)."""
-    lines = ["| point | live rule | live BE | replayed BE (same trees, fresh random numbers) | intervals overlap |",
-             "|---|---|---|---|---|"]
-    for label, point in sorted(by_point(replayed).items()):
-        method = point.meta["live_method"]
-        if method not in point.values:
-            continue
-        live, live_half, _ = cluster_mean_ci95(point.live_be, point.clusters)
-        rep, rep_half, _ = cluster_mean_ci95(point.values[method], point.clusters)
-        agree = abs(live - rep) <= live_half + rep_half
-        lines.append(f"| {label} | {method} | {live:.3f} ± {live_half:.3f} | {rep:.3f} ± {rep_half:.3f} | {'yes' if agree else 'NO'} |")
-    return "\n".join(lines) + "\n"
+    rows = [compare_live_and_replay(label, point.meta["live_method"], point.live_be, point.values[point.meta["live_method"]],
+                                    point.clusters)
+            for label, point in sorted(by_point(replayed).items()) if point.meta["live_method"] in point.values]
+    return live_vs_replay_markdown(rows)
 
 
 def compare_rows(replayed: list[ReplayedRecording]) -> list[dict]:

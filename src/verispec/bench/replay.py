@@ -224,6 +224,13 @@ class LiveVsReplay:
         return abs(self.live - self.replayed) <= self.live_ci95 + self.replayed_ci95
 
 
+def compare_live_and_replay(source: str, method: str, live_be, replayed_be, clusters) -> LiveVsReplay:
+    """Live BE and replayed BE of the same trees (per-tree arrays), intervals over ``clusters``."""
+    live, live_ci, prompts = cluster_mean_ci95(live_be, clusters)
+    replayed, replayed_ci, _ = cluster_mean_ci95(replayed_be, clusters)
+    return LiveVsReplay(source, method, len(live_be), prompts, live, live_ci, replayed, replayed_ci)
+
+
 def live_vs_replay(recording: RecordedTrees, stats: list["ReplayStat"]) -> LiveVsReplay | None:
     """The recording's live BE beside the replayed BE of its own live rule (None when that rule was
     not replayed). Unbiased replay predicts agreement for every rule, the modifying ones included."""
@@ -231,14 +238,13 @@ def live_vs_replay(recording: RecordedTrees, stats: list["ReplayStat"]) -> LiveV
     found = [s for s in stats if s.method == method and s.source == recording.source]
     if not found:
         return None
-    live, live_ci, prompts = cluster_mean_ci95(np.asarray(recording.live_accepted_lens) + 1.0, recording.prompt_ids)
-    replayed, replayed_ci, _ = cluster_mean_ci95(found[0].per_tree, recording.prompt_ids)
-    return LiveVsReplay(recording.source, method, len(recording.trees), prompts, live, live_ci, replayed, replayed_ci)
+    return compare_live_and_replay(recording.source, method, np.asarray(recording.live_accepted_lens) + 1.0,
+                                   found[0].per_tree, recording.prompt_ids)
 
 
 def live_vs_replay_markdown(rows: list[LiveVsReplay]) -> str:
     lines = [
-        "| recording | live rule | trees | prompts | live BE | replayed BE | intervals overlap |",
+        "| recording | live rule | trees | clusters | live BE | replayed BE | intervals overlap |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -310,7 +316,7 @@ def path_zero_chain(tree: DraftTree) -> DraftTree:
     return chain
 
 
-def _tree_for(method: str, tree: DraftTree, chain_view: bool, modified_rows: bool) -> DraftTree:
+def tree_for_rule(method: str, tree: DraftTree, chain_view: bool, modified_rows: bool) -> DraftTree:
     """The tree ``method`` verifies: path 0 in the chain view, and the model's own rows unless the
     method replays the windows the live run applied."""
     spec = get_method(method)
@@ -329,7 +335,7 @@ def _replay_rule(recording: RecordedTrees, method: str, seed: int, repeats: int,
     if modified_rows and not same_modification(method, live):
         return None, (f"{method} carries a target modification into later rounds, and this recording's live rule "
                       f"({live}) left other windows (or none); record with {method} live (--methods {method}) to replay it")
-    trees = [_tree_for(method, tree, chain_view, modified_rows) for tree in recording.trees]
+    trees = [tree_for_rule(method, tree, chain_view, modified_rows) for tree in recording.trees]
     unsupported = {tree.scheme for tree in trees} - set(spec.verifier.supported_schemes)
     if unsupported:
         allowed = ", ".join(sorted(s.value for s in spec.verifier.supported_schemes))
