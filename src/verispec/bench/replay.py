@@ -131,34 +131,35 @@ class RecordedTrees:
 
 
 def load_trees(path: str | Path) -> RecordedTrees:
+    """The trees of one recording. Every array is read from the archive ONCE (an ``NpzFile``
+    decompresses a member again on every access, and each tree's rows are views into it)."""
     path = Path(path)
-    with np.load(path, allow_pickle=False) as data:
-        offsets = data["node_offsets"]
-        path_lengths, path_nodes = data["path_lengths"], data["path_nodes"]
-        path_starts = np.concatenate([[0], np.cumsum(path_lengths)])
-        # recordings made before the unmodified rows were stored have no such arrays
-        has_unmodified = data["has_unmodified"] if "has_unmodified" in data.files else np.zeros(len(data["schemes"]), bool)
-        unmodified = data["unmodified_target_probs"] if "unmodified_target_probs" in data.files else None
-        trees, path_index, unmodified_at = [], 0, 0
-        for index, scheme in enumerate(data["schemes"]):
-            lo, hi = int(offsets[index]), int(offsets[index + 1])
-            paths = []
-            for _ in range(int(data["paths_per_tree"][index])):
-                paths.append(tuple(int(n) for n in path_nodes[path_starts[path_index]:path_starts[path_index + 1]]))
-                path_index += 1
-            tree = DraftTree.build(
-                data["tokens"][lo:hi], data["parents"][lo:hi], data["target_probs"][lo:hi],
-                data["draft_probs"][lo:hi], DraftScheme(str(scheme)), paths=paths, validate=False,
-            )
-            if has_unmodified[index]:
-                rows = unmodified[unmodified_at : unmodified_at + hi - lo]
-                unmodified_at += hi - lo
-                tree = replace(tree, unmodified_target=DenseRows(rows))
-            trees.append(tree)
-        return RecordedTrees(
-            path, json.loads(str(data["meta"])), trees,
-            [int(t) for t in data["live_accepted_lens"]], [str(p) for p in data["prompt_ids"]],
-        )
+    with np.load(path, allow_pickle=False) as archive:
+        data = {name: archive[name] for name in archive.files}
+    offsets = data["node_offsets"]
+    path_lengths, path_nodes = data["path_lengths"], data["path_nodes"]
+    path_starts = np.concatenate([[0], np.cumsum(path_lengths)])
+    # recordings made before the unmodified rows were stored have no such arrays
+    has_unmodified = data.get("has_unmodified", np.zeros(len(data["schemes"]), bool))
+    unmodified = data.get("unmodified_target_probs")
+    tokens, parents, target, draft = data["tokens"], data["parents"], data["target_probs"], data["draft_probs"]
+    trees, path_index, unmodified_at = [], 0, 0
+    for index, scheme in enumerate(data["schemes"]):
+        lo, hi = int(offsets[index]), int(offsets[index + 1])
+        paths = []
+        for _ in range(int(data["paths_per_tree"][index])):
+            paths.append(tuple(int(n) for n in path_nodes[path_starts[path_index]:path_starts[path_index + 1]]))
+            path_index += 1
+        tree = DraftTree.build(tokens[lo:hi], parents[lo:hi], target[lo:hi], draft[lo:hi], DraftScheme(str(scheme)),
+                               paths=paths, validate=False)
+        if has_unmodified[index]:
+            tree = replace(tree, unmodified_target=DenseRows(unmodified[unmodified_at : unmodified_at + hi - lo]))
+            unmodified_at += hi - lo
+        trees.append(tree)
+    return RecordedTrees(
+        path, json.loads(str(data["meta"])), trees,
+        [int(t) for t in data["live_accepted_lens"]], [str(p) for p in data["prompt_ids"]],
+    )
 
 
 def find_recordings(directory: str | Path) -> list[Path]:
