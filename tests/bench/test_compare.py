@@ -192,5 +192,5 @@ def test_plot_axes_have_integer_ticks_and_units(tiny_pair, tmp_path):
     ax = captured["ax"]
     assert path.is_file() and list(ax.get_xticks()) == [1, 3]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "3"]
-    assert "tokens per target call" in ax.get_ylabel() and "95% CI" in ax.get_title()
+    assert "tokens per target call" in ax.get_ylabel() and "95% CI" in ax.get_title().replace("\n", " ")
     assert plot_block_efficiency(points, "paths", "draft_len", {}, ["sd"], tmp_path / "l.png", "t", "L", True) is None

@@ -547,7 +547,14 @@ def claims_markdown(rows: list[ClaimRow]) -> str:
 
 # ----- plots and report -----------------------------------------------------------------------
 
-PLOT_NOTE = "error bars: 95% CI over (prompt, seed) clusters"
+PLOT_NOTE = ("error bars: 95% CI of each rule's mean over (prompt, seed) clusters; differences between rules on "
+             "the same trees are far tighter (paired, in the claims table)")
+
+
+def _wrapped(title: str, note: str = PLOT_NOTE, width: int = 90) -> str:
+    import textwrap
+
+    return "\n".join([textwrap.fill(title, width), textwrap.fill(note, width)])
 
 
 def _series(points: dict[str, ReplayedRecording], family: str, x_key: str, fixed: dict, methods):
@@ -588,7 +595,7 @@ def plot_block_efficiency(points, family, x_key, fixed, methods, path: Path, tit
     xs = sorted({x for values in series.values() for x, _, _ in values})
     if len(xs) < 2:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     for index, (method, values) in enumerate(sorted(series.items())):
         offset = (index - len(series) / 2) * 0.012 * (xs[-1] - xs[0])  # side by side, not on top of each other
         label = method + (" (lossy)" if method in LOSSY else "")
@@ -599,7 +606,7 @@ def plot_block_efficiency(points, family, x_key, fixed, methods, path: Path, tit
         ax.set_xticklabels([str(int(x)) for x in xs])
     ax.set_xlabel(xlabel)
     ax.set_ylabel("block efficiency (tokens per target call)")
-    ax.set_title(f"{title}\n{PLOT_NOTE}", fontsize=10)
+    ax.set_title(_wrapped(title), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
@@ -635,7 +642,8 @@ def plot_live_breakdown(replayed: list[ReplayedRecording], path: Path, title: st
         ax.barh(labels, values, left=left, label=part)
         left += values
     ax.set_xlabel("ms per round (per target call), mean over prompts and seeds")
-    ax.set_title(title + "\nlive runs that recorded the trees (1 thread); no error bars", fontsize=10)
+    ax.set_title(_wrapped(title, "live runs that recorded the trees (1 thread, with a second job on the 2-core CPU); "
+                          "no error bars"), fontsize=9)
     ax.legend(fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
