@@ -448,8 +448,9 @@ def _cluster_paired(first: ReplayedRecording, a: str, second: ReplayedRecording,
 
 
 def _most_common(values):
+    """The most frequent value (ties: the smallest), None for none."""
     values = list(values)
-    return max(set(values), key=values.count) if values else None
+    return max(sorted(set(values)), key=values.count) if values else None
 
 
 def claims(replayed: list[ReplayedRecording]) -> list[ClaimRow]:
