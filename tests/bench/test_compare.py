@@ -39,6 +39,22 @@ def test_per_chain_expectation_averages_to_the_closed_form(method, closed_form, 
     assert total == pytest.approx(1.0 + closed_form(target, draft, length), abs=1e-12)
 
 
+def test_bv_per_chain_expectation_is_never_below_sd():
+    """w_i >= prod_{j <= i} min(1, r_j) on every chain (§3's capped weight against SD's product), and
+    strictly above where a ratio r > 1 is followed by one < 1: the closed-form gain note of the
+    BV >= SD claim rests on this."""
+    target, draft = toy_pair(4, seed=3)
+    gaps = []
+    for chain in itertools.product(range(4), repeat=3):
+        prefixes = [chain[:i] for i in range(4)]
+        q_rows = np.array([draft(p) for p in prefixes[:-1]])
+        if any(q_rows[i][chain[i]] == 0.0 for i in range(3)):
+            continue
+        tree = DraftTree.chain(chain, np.array([target(p) for p in prefixes]), q_rows)
+        gaps.append(expected_block_efficiency_given_chain("bv", tree) - expected_block_efficiency_given_chain("sd", tree))
+    assert min(gaps) >= -1e-15 and max(gaps) > 0.01
+
+
 def test_per_chain_expectation_refuses_other_rules():
     target, draft = toy_pair(3, seed=1)
     tree = DraftTree.chain([0], np.array([target(()), target((0,))]), np.array([draft(())]))
@@ -143,6 +159,8 @@ def test_report_stage_end_to_end(tiny_pair, tmp_path):
     assert "GMPBV improves block efficiency over BV" in names
     assert {"SpecHub > RRS", "SpecHub > RRSW", "Traversal >= NSS"} <= names
     assert any(c["claim"].startswith("Closed form predicts") for c in claims)
+    bv_rows = [c for c in claims if c["claim"].startswith("BV >= SD")]
+    assert bv_rows and all(c["note"].startswith("closed-form expected gain on these chains: +") for c in bv_rows)
     assert all(c["verdict"] in (HOLDS, FAILS, CANNOT_TELL) for c in claims)
     assert all(c["ci_low"] <= c["measured"] <= c["ci_high"] for c in claims if not math.isnan(c["ci_low"]))
     # plots only for swept dimensions: K (1, 2) and L (2, 4, 8) and tree nodes (3, 7); T was not swept

@@ -397,6 +397,17 @@ def _diff_row(claim, paper, setting, first: ReplayedRecording, a: str, b: str, p
                     verdict(mean - half, mean + half, ">"), pairing, count, note)
 
 
+def _closed_form_gain_note(point: ReplayedRecording) -> str:
+    """BV's expected gain over SD on the same chains from the on-path probabilities (sum_i w_i minus
+    sum_i prod_j min(1, r_j), §2-§3): free of the acceptance draws, so it shows how large a difference
+    the sampled comparison would have to resolve. It is >= 0 on every chain by construction (w_i >=
+    prod_j min(1, r_j)), so it sizes the gain; it is not evidence for the claim."""
+    if "bv" not in point.predicted or "sd" not in point.predicted:
+        return ""
+    mean, half, _ = cluster_mean_ci95(point.predicted["bv"] - point.predicted["sd"], point.clusters)
+    return f"closed-form expected gain on these chains: {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
+
+
 def _pooled(recordings: list[ReplayedRecording]) -> ReplayedRecording:
     """The recordings of one grid point over seeds, as one (clusters stay (seed, prompt))."""
     first = recordings[0]
@@ -467,7 +478,7 @@ def claims(replayed: list[ReplayedRecording]) -> list[ClaimRow]:
         if meta["num_drafts"] == k0 and (meta["temperature"] == t0 or meta["draft_len"] == l0):
             row = _diff_row("BV >= SD (block efficiency, same chain)", "BV >= SD always (Sun et al., §3)",
                             f"head, path 0 of K = {k0} trees, L = {meta['draft_len']}, T = {meta['temperature']:g}",
-                            point, "bv", "sd")
+                            point, "bv", "sd", note=_closed_form_gain_note(point))
             if row is not None:
                 rows.append(row)
     # 2. GMPBV vs BV: relative gain on the same trees (BV reads path 0), along the K sweep
@@ -534,8 +545,10 @@ def claims(replayed: list[ReplayedRecording]) -> list[ClaimRow]:
         if rec is None:
             continue
         for other in ("nss", "rrsw"):
+            same = "traversal" in rec.values and other in rec.values and np.array_equal(rec.values["traversal"], rec.values[other])
             row = _diff_row(f"Traversal >= {other.upper()}", "traversal >= token-level tree rules (Weng et al.)",
-                            f"head, binary w/o-replacement tree of {2 ** (depth + 1) - 1} nodes, T = 1", rec, "traversal", other)
+                            f"head, binary w/o-replacement tree of {2 ** (depth + 1) - 1} nodes, T = 1", rec, "traversal", other,
+                            note="identical decisions on every tree (the two rules coincide here)" if same else "")
             if row is not None:
                 rows.append(row)
     # 6. Closed forms: E[BE | chain] of SD and BV against the replayed BE on the same chains (L sweep)
