@@ -47,6 +47,10 @@ def test_pair_sampler_draws_the_hub_joint():
 
 def test_pair_sampler_point_mass_gives_the_hub_alone():
     assert sample_spechub_pair(SeededRng(0), np.array([0.0, 1.0, 0.0])) == (1,)
+    # a float32-normalised point mass (q(hub) one ulp below 1, nothing elsewhere) is the same draft:
+    # drawing x2 from the empty rest would be 0/0 (found by a lazy-row test with a top-p nucleus of one token)
+    almost = np.array([0.0, float(np.float32(1.0) - np.finfo(np.float32).eps / 2), 0.0])
+    assert all(sample_spechub_pair(SeededRng(seed), almost) == (1,) for seed in range(20))
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -59,11 +59,13 @@ def sample_spechub_pair(rng: Rng, draft: np.ndarray) -> tuple[int, ...]:
     """Draw SpecHub's ordered pair (x1, x2) from Q_hub (§9.1); draft q shape (V,).
 
     x1 ~ q; x2 = hub if x1 != hub, else x2 ~ q restricted to V \\ {hub}. When q(hub) = 1 no
-    second distinct token exists and the single draft (hub,) is returned.
+    second distinct token exists and the single draft (hub,) is returned; so also when q holds no
+    mass outside the hub but q(hub) reads 1 - 1e-7 (a float32-normalised row): normalised, that
+    row is the point mass at the hub, and drawing x2 from the empty rest would divide 0 by 0.
     """
     draft = np.asarray(draft, dtype=np.float64)
     hub = spechub_hub(draft)
-    if draft[hub] >= 1.0:
+    if draft[hub] >= 1.0 or np.count_nonzero(draft) == 1:
         return (hub,)
     first = rng.categorical(draft)
     if first != hub:
