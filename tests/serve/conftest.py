@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from verispec.models.default import SMOLLM2_CHAT_TEMPLATE, cache_dir, convert_default_target
+from verispec.models.default import load_default_tokenizer
 from verispec.serve.app import ServerConfig
 from verispec.serve.launch import ServerThread, build_server
 
@@ -14,13 +14,7 @@ MODEL = "tiny-test"
 
 
 def smollm2_tokenizer():
-    path = cache_dir()
-    if not (path / "config.json").is_file():
-        convert_default_target(path)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
-    return tokenizer
+    return load_default_tokenizer()
 
 
 def tiny_llama(seed: int, vocab_size: int, max_positions: int = 4096, logit_scale: float = 3.0):

@@ -117,15 +117,29 @@ def load_pretrained_dir(path: Path, dtype: torch.dtype, device: str | torch.devi
     return model.to(device).eval(), tokenizer
 
 
-def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """(model, tokenizer) of SmolLM2-135M-Instruct; converts the GGUF on the first call."""
+def _converted_default_target() -> Path:
+    """The cached safetensors directory of the default target, converted from the GGUF if absent."""
     path = cache_dir()
     if not (path / "config.json").is_file():
         convert_default_target(path)
-    model, tokenizer = load_pretrained_dir(path, dtype, device)
+    return path
+
+
+def _with_chat_template(tokenizer):
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
-    return model, tokenizer
+    return tokenizer
+
+
+def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """(model, tokenizer) of SmolLM2-135M-Instruct; converts the GGUF on the first call."""
+    model, tokenizer = load_pretrained_dir(_converted_default_target(), dtype, device)
+    return model, _with_chat_template(tokenizer)
+
+
+def load_default_tokenizer():
+    """The default target's tokenizer alone (no weights loaded); converts the GGUF on the first call."""
+    return _with_chat_template(AutoTokenizer.from_pretrained(_converted_default_target(), local_files_only=True))
 
 
 def load_model(
