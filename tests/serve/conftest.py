@@ -13,10 +13,6 @@ from verispec.serve.launch import ServerThread, build_server
 MODEL = "tiny-test"
 
 
-def smollm2_tokenizer():
-    return load_default_tokenizer()
-
-
 def tiny_llama(seed: int, vocab_size: int, max_positions: int = 4096, logit_scale: float = 3.0):
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -30,7 +26,7 @@ def tiny_llama(seed: int, vocab_size: int, max_positions: int = 4096, logit_scal
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    return smollm2_tokenizer()
+    return load_default_tokenizer()
 
 
 @pytest.fixture(scope="session")
