@@ -1,10 +1,11 @@
-"""MkDocs hook: the command-line reference, generated from verispec's argparse parsers at build time.
+"""MkDocs hook: reference tables generated from the code at build time, and a check of the built pages.
 
 The page ``reference/cli.md`` holds the marker below; every build replaces it with one section per
 subcommand (nested ones included), each with the subcommand's one-line help and its full ``--help``
 text, taken from ``verispec.cli.main.build_parser``. The reference therefore cannot fall behind the
 parsers: a new subcommand or flag appears at the next ``make docs``. ``tests/test_docs.py`` checks
-that the generator covers every subparser.
+that the generator covers every subparser. Likewise ``rules/index.md``'s registry table is read from
+``verispec.verify.registry`` (name, lossless, draft kind, accepted draft schemes, description).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 MARKER = "<!-- verispec-cli-reference -->"
+RULES_MARKER = "<!-- verispec-rules-table -->"
 HELP_WIDTH = "100"  # argparse wraps --help at $COLUMNS; fixed so the page is the same on every machine
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "src"
 # Internal tracker numbers mean nothing to a reader; the built pages (docstrings and CLI help
@@ -72,17 +74,34 @@ def cli_reference_markdown(parser: argparse.ArgumentParser) -> str:
 
 def verispec_parser() -> argparse.ArgumentParser:
     """The CLI's parser, imported from this checkout's ``src/`` (not from whatever is installed)."""
+    return _import_from_checkout("verispec.cli.main").build_parser()
+
+
+def _import_from_checkout(module: str):
     if str(SOURCE_DIR) not in sys.path:
         sys.path.insert(0, str(SOURCE_DIR))
-    from verispec.cli.main import build_parser
+    return __import__(module, fromlist=["_"])
 
-    return build_parser()
+
+def rules_table_markdown() -> str:
+    """The registry as a Markdown table: every rule, then every negative control."""
+    registry = _import_from_checkout("verispec.verify.registry")
+    rows = ["| name | lossless | draft kind | draft schemes it accepts | class | description |", "|---|---|---|---|---|---|"]
+    for specs in (registry.METHODS, registry.NEGATIVE_CONTROLS):
+        for spec in specs.values():
+            schemes = ", ".join(sorted(scheme.value for scheme in spec.verifier.supported_schemes))
+            name = f"`{spec.name}`" + (" (negative control)" if spec.negative_control else "")
+            rows.append(f"| {name} | {'yes' if spec.lossless else '**no**'} | {spec.draft} | {schemes} | "
+                        f"`{type(spec.verifier).__name__}` | {spec.description} |")
+    return "\n".join(rows)
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    if MARKER not in markdown:
-        return markdown
-    return markdown.replace(MARKER, cli_reference_markdown(verispec_parser()))
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, cli_reference_markdown(verispec_parser()))
+    if RULES_MARKER in markdown:
+        markdown = markdown.replace(RULES_MARKER, rules_table_markdown())
+    return markdown
 
 
 def issue_numbers_in_html(text: str) -> list[str]:
