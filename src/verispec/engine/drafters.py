@@ -132,7 +132,7 @@ class ModelDrafter:
 
 
 class TokenTreeDrafter:
-    """Training-free target-aware token trees (issue 12): one deterministic candidate tree per round.
+    """Training-free target-aware token trees: one deterministic candidate tree per round.
 
     Candidates come from the target itself and the context, at no model cost:
     * adjacency: the target's top-k next tokens after each token id, refreshed from the logits of
