@@ -25,7 +25,8 @@ from verispec.core.probs import residual
 from verispec.core.rng import Rng
 from verispec.core.rows import draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, result_at, row_gather
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+from verispec.verify.path_rows import PathRows, row_gather
 
 FIRST_BLOCK = 2
 

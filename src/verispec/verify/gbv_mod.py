@@ -19,8 +19,9 @@ from verispec.core.probs import normalized_positive_part, safe_log
 from verispec.core.rng import Rng
 from verispec.core.rows import draw_on_support
 from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, path_rows, result_at, row_gather, row_support
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
 from verispec.verify.modification import ModificationWindow, PlainDraftJoint
+from verispec.verify.path_rows import PathRows, path_rows, row_gather, row_support
 
 
 def _scaled_parts(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import row_gather, row_support
+from verispec.verify.path_rows import row_gather, row_support
 from verispec.verify.support import lookup
 from verispec.errors import InvalidDraftError
 
