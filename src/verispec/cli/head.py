@@ -1,5 +1,5 @@
 """``verispec train-head``: feature shards from target continuations and text, then EAGLE-3 head
-training with training-time test (issue 13; ``distill.head_data``, ``distill.head_train``)."""
+training with training-time test (``distill.head_data``, ``distill.head_train``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from verispec.errors import ConfigError
 
 
 def add_train_head_parser(sub) -> None:
-    p = sub.add_parser("train-head", help="train an EAGLE-3 draft head on the target's own features (issue 13)")
+    p = sub.add_parser("train-head", help="train an EAGLE-3 draft head on the target's own features")
     p.add_argument("--out", required=True, help="run directory (checkpoint.pt, history.jsonl, best/, final/)")
     p.add_argument("--target", default=None, help="target model directory (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--records", action="append", default=[],

@@ -133,7 +133,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 def fast_dtype_name(cpuinfo: str | None = None) -> str:
     """The faster dtype for the default engine on this machine: "bf16" when the CPU has native
     bf16 dot products (AVX512-BF16 or AMX), else "fp32". Measured on an AVX2-only CPU
-    (issue 12, ``benchmarks/token_tree_speed.py``): torch's emulated bf16 matmuls cost about n
+    (with ``benchmarks/token_tree_speed.py``): torch's emulated bf16 matmuls cost about n
     times one token to score n tokens, so token trees cannot pay off there, while fp32 scores 8
     tokens for ~2x one. ``cpuinfo``: the text of /proc/cpuinfo (read when None; no file: fp32)."""
     if cpuinfo is None:

@@ -5,7 +5,7 @@ h_i = rho_i / (rho_i + 1 - w_i) with rho_i = sum_x [w_i p_{i+1}(x) - q_{i+1}(x)]
 h_L = w_L; tau = max{i : U_i < h_i}; residual norm([w_tau p_{tau+1} - q_{tau+1}]_+).
 Lossless per iteration, no target modification.
 
-Rows are read through the tree's row providers (core.rows, issue 16), touching only what the
+Rows are read through the tree's row providers (core.rows), touching only what the
 rule needs:
 * the ratios p_i(x_i)/q_i(x_i) one entry per row, in blocks of 2, 4, 8, ... positions (one
   batched gather per side each, as SD), and no further once w reaches 0: p_i(x_i) = 0 makes every

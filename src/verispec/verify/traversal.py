@@ -25,7 +25,7 @@ _WITHOUT_REPLACEMENT_SCHEMES = frozenset({DraftScheme.IID_PATHS, DraftScheme.WIT
 
 
 class TraversalVerification(Verifier):
-    """§12 on the row providers (core.rows), P_u kept on the target's support (issue 16).
+    """§12 on the row providers (core.rows), P_u kept on the target's support.
 
     Where each quantity lives, S_u = supp(p(.|u)), ids, p_S = target.support(u):
       P_u   starts as p(.|u) and is replaced by norm([a_u P_u - Q_u]_+), which is 0 wherever P_u
