@@ -3,7 +3,6 @@ training with training-time test (``distill.head_data``, ``distill.head_train``)
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
