@@ -1,5 +1,5 @@
 """Drafts and rules side by side on the default target: plain decoding, the training-free token
-trees, the EAGLE-3 head with any rule, per Spec-Bench category and on HumanEval (issue 13).
+trees, the EAGLE-3 head with any rule, per Spec-Bench category and on HumanEval.
 
 Usage:
     python benchmarks/draft_compare.py [--dataset humaneval|specbench] [--start 0] [--limit 40]

@@ -1,4 +1,4 @@
-"""Engine speed on the default pair (issue 3): plain target sampling vs SD, BV and multi-draft
+"""Engine speed on the default pair: plain target sampling vs SD, BV and multi-draft
 rules at K = 2, 3, L = 4, 8, temperature 0 and 0.6, on HumanEval prompts, in ONE run so the
 ratios are measured side by side. Prints a table and the process's peak memory.
 

@@ -1,4 +1,4 @@
-"""Engine speed on Gemma 3 270M (issue 14): plain decoding vs the training-free n-gram draft, the
+"""Engine speed on Gemma 3 270M (the second model family): plain decoding vs the training-free n-gram draft, the
 cost of scoring n tokens in one forward, and where a round's time goes at V = 262,144.
 
 One process, one adapter; configurations are interleaved per prompt (A B C, A B C, ...) and the

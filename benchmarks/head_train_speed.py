@@ -1,11 +1,11 @@
-"""Training throughput of an EAGLE-3 head per TTT depth S (issue 13), side by side.
+"""Training throughput of an EAGLE-3 head per TTT depth S, side by side.
 
 One process, torch at --threads threads; the same seeded batches of stored features are trained
 with S = each value of --ttt-steps in turn (A B A B ... per batch, --repeats rounds), each on its
 own head/optimizer; prints median and spread of entries/s and s/step per S, and the ratio to the
 first S. Usage:
 
-    OMP_NUM_THREADS=1 python benchmarks/head_train_speed.py --features /root/head-run/features \
+    OMP_NUM_THREADS=1 python benchmarks/head_train_speed.py --features RUN/features \
         --ttt-steps 3,4 --batch 8 --context 512 --repeats 6
 """
 

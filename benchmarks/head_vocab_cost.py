@@ -1,5 +1,5 @@
 """Cost of one EAGLE-3 head draft step relative to one target decode step, per draft-vocabulary size
-(issue 13: a head step must stay <= ~10% of a target forward).
+(the goal: a head step stays <= ~10% of a target forward).
 
     .venv/bin/python benchmarks/head_vocab_cost.py --draft-vocab 8192,16384,32768 --repeats 3
 

@@ -1,5 +1,5 @@
 """A/B of rule code: the rules of this checkout against the same rule files at an older git
-ref, in ONE process, on the engine's lazy path (issue 16).
+ref, in ONE process, on the engine's lazy path (rows read through ``core.rows.LogitRows``).
 
 Usage:
     python benchmarks/rule_code_ab.py --ref 082bf3c [--rules bv nss spectr qfree] [--vocab 128256]
@@ -7,7 +7,8 @@ Usage:
 
 The old rule files (src/verispec/verify/<rule file>.py at --ref) are loaded as separate modules
 next to the current package, so both variants share everything else (core.rows, the trees, the
-random numbers). Per cell: the trees and logits of ``round_overhead.py`` (same generator), then
+random numbers); an old file that imports a helper which has moved since (e.g. bv.py from before
+the row helpers moved to verify/path_rows.py) stops the run with a message naming it. Per cell: the trees and logits of ``round_overhead.py`` (same generator), then
 old, new, old, new, ... per tree and repeat (the order flips every repeat), each timed like
 round_overhead's "after" variant (LogitRows over the target logits, the rule, the accepted path).
 Prints per rule: median ms old / new, and the ratio old/new of each (tree, repeat) pair, timed
@@ -58,7 +59,11 @@ def old_verifier(rule: str, ref: str, workdir: Path):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"old_{module_file}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as error:  # the old file imports a helper that has moved since --ref
+        raise SystemExit(f"the {module_file}.py of {ref} cannot run beside this checkout: {error}. Pick a later "
+                         f"--ref, or leave {rule} out of --rules") from error
     return getattr(module, class_name)()
 
 

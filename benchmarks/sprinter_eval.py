@@ -1,4 +1,4 @@
-"""Summary table of a SPRINTER run (issue 5) from the files `verispec sprinter train` and
+"""Summary table of a SPRINTER run (ALGORITHMS.md §11) from the files `verispec sprinter train` and
 `verispec sprinter eval` wrote: the verifier's AUC / TPR / FPR, tokens per target call,
 speedup and ROUGE against SD, and the measured TV next to Thm 3.1's value.
 

@@ -1,4 +1,4 @@
-"""Target-aware token trees (issue 12) beside plain decoding and transformers' prompt lookup.
+"""Target-aware token trees (the default draft) beside plain decoding and transformers' prompt lookup.
 
 Usage:
     python benchmarks/token_tree_speed.py [--dataset humaneval|specbench] [--start 0] [--limit 40]

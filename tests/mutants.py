@@ -1,4 +1,4 @@
-"""Mutation check of the exactness suite (issue 10): apply plausible one-line bugs to a temporary
+"""Mutation check of the exactness suite: apply plausible one-line bugs to a temporary
 copy of ``src/`` and run the tests that must catch them. Every mutant must be caught.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python tests/mutants.py            # all mutants
@@ -41,6 +41,7 @@ BRANCHING = "tests/verify/test_branching_roots.py"
 EDGES = "tests/verify/test_edge_cases.py"
 TREE_TESTS = "tests/core/test_tree.py"
 ROWS = "core/rows.py"
+ROW_KERNELS = "core/logit_kernels.py"
 ROWS_TESTS = "tests/core/test_rows.py"
 
 
@@ -116,7 +117,7 @@ MUTANTS = [
     ),
     Mutant(
         "qtilde_gather_without_C",
-        "q̃ entries read on the target's support (issue 16) miss C(z), the mass of the paths ranked below",
+        "q̃ entries read on the target's support miss C(z), the mass of the paths ranked below",
         ((GREEDY, "lower = self.below[position] + self.mass[position] * below_mass_on_supports(",
           "lower = self.mass[position] * below_mass_on_supports("),),
         (GREEDY_TESTS,),
@@ -267,7 +268,7 @@ MUTANTS += [
 ]
 
 
-# the lazy row providers (core.rows, issue 16): what the engine's rows are made of
+# the lazy row providers (core.rows, core.logit_kernels): what the engine's rows are made of
 MUTANTS += [
     Mutant(
         "rows_cut_token_entry_dropped",
@@ -278,20 +279,20 @@ MUTANTS += [
     Mutant(
         "rows_nucleus_ties_by_higher_id",
         "the nucleus orders tokens tied in p by DEscending id (keeps the highest ids at the cut)",
-        ((ROWS, "np.arange(len(scaled), dtype=np.int64)\n", "np.arange(len(scaled), dtype=np.int64)[::-1]\n"),),
+        ((ROW_KERNELS, "np.arange(len(scaled), dtype=np.int64)\n", "np.arange(len(scaled), dtype=np.int64)[::-1]\n"),),
         (ROWS_TESTS,),
     ),
     Mutant(
         "rows_mass_without_temperature",
         "the top-p mass over V forgets 1/T in the exp2 factor (normaliser of T = 1: wrong cut)",
-        ((ROWS, "out[i] = float(buffer.mul_(LOG2_E / temperature).exp2_().sum())",
+        ((ROW_KERNELS, "out[i] = float(buffer.mul_(LOG2_E / temperature).exp2_().sum())",
           "out[i] = float(buffer.mul_(LOG2_E).exp2_().sum())"),),
         (ROWS_TESTS,),
     ),
     Mutant(
         "rows_untruncated_mass_float32",
         "the normaliser of an untruncated row accumulated in float32 (off by 1.6e-6 on a long flat tail)",
-        ((ROWS, "out[i] = float(buffer.div_(temperature).exp_().sum(dtype=torch.float64))",
+        ((ROW_KERNELS, "out[i] = float(buffer.div_(temperature).exp_().sum(dtype=torch.float64))",
           "out[i] = float(buffer.div_(temperature).exp_().sum())"),),
         (ROWS_TESTS,),
     ),
@@ -322,7 +323,7 @@ MUTANTS += [
 ]
 
 
-# issue 16: the chain and path rules read rows on the target's support (bv, nss / qfree, spectr)
+# the chain and path rules read rows on the target's support (bv, nss / qfree, spectr)
 MUTANTS += [
     Mutant(
         "bv_ratios_one_block_short",
@@ -342,7 +343,7 @@ MUTANTS += [
         "gmpbv_rho_on_draft_support",
         "GMPBV sums rho_i over the support of q̃ (its rows) instead of the target's",
         (("verify/bv.py", "        ids, p = tree.target.support(rows[i])\n",
-          "        from verispec.verify.base import row_support\n"
+          "        from verispec.verify.path_rows import row_support\n"
           "        ids = row_support(draft_rows, i)[0]\n        p = tree.target.gather(rows[i], ids)\n"),),
         (BLOCK, GREEDY_TESTS),
     ),
@@ -370,7 +371,7 @@ MUTANTS += [
 ]
 
 
-# issue 16: the tree rules on the target's support (verify/support.py, rrs.py, spechub.py, traversal.py)
+# the tree rules on the target's support (verify/support.py, rrs.py, spechub.py, traversal.py)
 SUPPORT_TESTS = "tests/verify/test_support.py"
 MUTANTS += [
     Mutant(
@@ -436,9 +437,9 @@ MUTANTS += [
     ),
 ]
 
-# issue 15: replay of real drafts and the per-chain expectations of the claims table
+# replay of real drafts and the per-chain expectations of the claims table (verispec compare)
 REPLAY = "bench/replay.py"
-COMPARE = "bench/compare.py"
+COMPARE_REPLAYING = "bench/compare/replaying.py"
 REPLAY_TESTS = "tests/bench/test_replay_modification.py"
 COMPARE_TESTS = "tests/bench/test_compare.py"
 MUTANTS += [
@@ -463,13 +464,13 @@ MUTANTS += [
     Mutant(
         "compare_sd_expectation_without_product",
         "SD's E[BE given the chain] sums the per-position acceptances instead of their running product",
-        ((COMPARE, "return 1.0 + float(np.cumprod(np.minimum(1.0, p / q)).sum())", "return 1.0 + float(np.minimum(1.0, p / q).sum())"),),
+        ((COMPARE_REPLAYING, "return 1.0 + float(np.cumprod(np.minimum(1.0, p / q)).sum())", "return 1.0 + float(np.minimum(1.0, p / q).sum())"),),
         (COMPARE_TESTS,),
     ),
     Mutant(
         "compare_bv_expectation_counts_w0",
         "BV's E[BE given the chain] counts w_0 = 1 as an accepted token",
-        ((COMPARE, "return 1.0 + float(capped_weights(p, q)[1:].sum())", "return 1.0 + float(capped_weights(p, q).sum())"),),
+        ((COMPARE_REPLAYING, "return 1.0 + float(capped_weights(p, q)[1:].sum())", "return 1.0 + float(capped_weights(p, q).sum())"),),
         (COMPARE_TESTS,),
     ),
     Mutant(

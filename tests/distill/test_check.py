@@ -104,6 +104,25 @@ def test_cli_check_json_on_a_tiny_pair(tmp_path, capsys):
     assert [row["draft_temperature"] for row in sweep["sweep"]] == [0.5, 0.6, 1.0]
 
 
+def test_check_sequences_reads_recorded_continuations_or_says_none_are_there(tmp_path):
+    """--sequences (shared by the pair and the head check): recorded shards are used as they are,
+    at most --num-prompts of them, and an empty directory is a clear error, not an empty check."""
+    import argparse
+
+    import torch
+
+    from verispec.cli.check_inputs import check_sequences
+    from verispec.distill.data import save_shard
+
+    records = [{"tokens": torch.tensor([5, 6, 7, 8 + i]), "prompt_len": 2} for i in range(3)]
+    save_shard(tmp_path / "shards" / "shard-0.pt", records)
+    args = argparse.Namespace(sequences=str(tmp_path / "shards"), num_prompts=2)
+    assert check_sequences(args, target=None, tokenizer=None) == [([5, 6, 7, 8], 2), ([5, 6, 7, 9], 2)]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no recorded sequences in"):
+        check_sequences(argparse.Namespace(sequences=str(tmp_path / "empty"), num_prompts=2), None, None)
+
+
 def test_cli_check_refuses_a_mismatched_pair(tmp_path, capsys):
     target = save_pair_member(tiny_llama(0, vocab_size=12), word_tokenizer(12), tmp_path / "target")
     draft = save_pair_member(tiny_llama(1, vocab_size=14), word_tokenizer(14), tmp_path / "draft")

@@ -1,6 +1,5 @@
 """The pre-speed-up ``below_mass_all`` (verispec commit 0c5720b), kept verbatim as a test
-reference for the fast path in ``verify.greedy_selection`` and as the "old" side of
-``benchmarks/below_mass_speed.py``. Not used by the library.
+reference for the fast path in ``verify.greedy_selection``. Not used by the library.
 
 It sorts the ratios with one ``np.argsort`` (an index sort) per row and falls back to the full
 (ratio, id) ``local_order`` when the sorted ratios contain an exact tie.

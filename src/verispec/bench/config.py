@@ -48,7 +48,7 @@ ALIASES = {
 class BenchConfig:
     """One sweep. ``methods`` excludes the baseline 'ar', which always runs."""
 
-    methods: list[str] = field(default_factory=lambda: ["qfree"])  # target-aware token trees (issue 12)
+    methods: list[str] = field(default_factory=lambda: ["qfree"])  # target-aware token trees (the default draft)
     dataset: list[str] = field(default_factory=lambda: [HUMANEVAL])
     limit: int | None = 10
     K: list[int] = field(default_factory=lambda: [1])

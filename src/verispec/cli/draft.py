@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from verispec.cli.check_inputs import DTYPES, check_sequences, set_threads
 from verispec.errors import ConfigError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NGRAM = "ngram"
 SHIPPED = ("default-draft", "shipped")
 
@@ -103,11 +103,6 @@ def add_distill_parser(sub) -> None:
 
 
 # ------------------------------------------------------------------------------ helpers
-def _set_threads(threads: int) -> None:
-    if threads:
-        torch.set_num_threads(threads)
-
-
 def load_draft(name: str, dtype: torch.dtype, device: str):
     """(draft model or 'ngram', tokenizer or None, display name)."""
     import verispec.models.default_draft as default_draft  # registers the sub-vocabulary draft architecture
@@ -128,29 +123,14 @@ def load_draft(name: str, dtype: torch.dtype, device: str):
     return model, tokenizer, name
 
 
-def check_prompts(args, tokenizer) -> list[list[int]]:
-    from verispec.distill.data import encode_truncated, interleave, read_prompt_file, split_prompts
-
-    if args.prompts:
-        prompts = interleave(read_prompt_file(args.prompts), args.num_prompts, args.seed)
-    else:
-        heldout = split_prompts("heldout")
-        code = [p for p in heldout if p.category == "humaneval"]
-        other = [p for p in heldout if p.category != "humaneval"]
-        half = args.num_prompts // 2 if other else args.num_prompts
-        prompts = interleave(code, half, args.seed) + interleave(other, args.num_prompts - half, args.seed)
-    return [encode_truncated(tokenizer, p.text, args.max_prompt_tokens) for p in prompts]
-
-
 def pair_measurements(args):
     """Load the pair and compute what check and temperature share: sequences, target logits,
     draft rows (logits, or raw n-gram probabilities)."""
     from verispec.core.sampling import SamplingParams
     from verispec.distill import check
-    from verispec.distill.data import load_shards
     from verispec.models.default import load_model
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     dtype = DTYPES[args.dtype]
     target, tokenizer = load_model(args.target, dtype, args.device)
     draft, draft_tokenizer, draft_name = load_draft(args.draft, dtype, args.device)
@@ -160,14 +140,7 @@ def pair_measurements(args):
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     if problems:
         return {"target": target, "draft": draft, "draft_name": draft_name, "problems": problems, "params": params}
-    if args.sequences:
-        records = load_shards(args.sequences, "*.pt")[: args.num_prompts]
-        if not records:
-            raise ConfigError(f"no recorded sequences in {args.sequences}")
-        sequences = [(r["tokens"].tolist(), int(r["prompt_len"])) for r in records]
-    else:
-        prompt_ids = check_prompts(args, tokenizer)
-        sequences = check.target_sequences(target, tokenizer, prompt_ids, args.max_new_tokens, args.temperature, args.seed)
+    sequences = check_sequences(args, target, tokenizer)
     target_logits = check.sequence_logits(target, sequences)
     if draft == NGRAM:
         draft_rows = [check.ngram_probs(target_vocab, t, n) for t, n in sequences]
@@ -295,7 +268,7 @@ def run_distill(args) -> int:
     from verispec.models.default import load_model
     from verispec.models.default_draft import SubVocabLlamaConfig, SubVocabLlamaForCausalLM
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     out = Path(args.out)
     data_dir = Path(args.data) if args.data else out / "data"
     target, tokenizer = load_model(args.target, DTYPES[args.teacher_dtype], args.device)

@@ -1,9 +1,8 @@
 """``verispec train-head``: feature shards from target continuations and text, then EAGLE-3 head
-training with training-time test (issue 13; ``distill.head_data``, ``distill.head_train``)."""
+training with training-time test (``distill.head_data``, ``distill.head_train``)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """``verispec draft check --draft head|DIR`` for EAGLE-3 heads (the measurements live in
-``distill.head_check``; the pair-draft path is ``cli.draft.run_check``)."""
+``distill.head_check``; the pair-draft path is ``cli.draft.run_check``, which dispatches here;
+the inputs both measure on come from ``cli.check_inputs``)."""
 
 from __future__ import annotations
 
@@ -26,14 +27,13 @@ def is_head_draft(name: str | None) -> bool:
 
 
 def run_head_check(args) -> int:
-    from verispec.cli.draft import DTYPES, _set_threads, check_prompts
+    from verispec.cli.check_inputs import DTYPES, check_sequences, set_threads
     from verispec.core.sampling import SamplingParams
     from verispec.distill import check, head_check
-    from verispec.distill.data import load_shards
     from verispec.models.head_formats import head_format, load_any_head, resolve_head_dir
     from verispec.models.default import load_model
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     dtype = DTYPES[args.dtype]
     directory = resolve_head_dir(args.draft)  # before the target loads: a missing head fails fast
     target, tokenizer = load_model(args.target, dtype, args.device)
@@ -41,14 +41,7 @@ def run_head_check(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     draft_temperature = args.temperature if args.draft_temperature is None else args.draft_temperature
     draft_params = SamplingParams(draft_temperature, args.top_k, args.top_p)
-    if args.sequences:
-        records = load_shards(args.sequences, "*.pt")[: args.num_prompts]
-        if not records:
-            raise ConfigError(f"no recorded sequences in {args.sequences}")
-        sequences = [(r["tokens"].tolist(), int(r["prompt_len"])) for r in records]
-    else:
-        sequences = check.target_sequences(target, tokenizer, check_prompts(args, tokenizer), args.max_new_tokens,
-                                           args.temperature, args.seed)
+    sequences = check_sequences(args, target, tokenizer)
     if args.depths < 1:
         raise ConfigError(f"--depths must be >= 1, got {args.depths}")
     measured = head_check.head_alpha_per_depth(target, head, sequences, params, draft_params, args.depths)

@@ -1,5 +1,5 @@
 """Row providers: the target and draft distributions of a draft tree, one row per node, computed
-only where a rule asks for them (DESIGN.md §3, ALGORITHMS.md §1 rules 1-2; issue 16).
+only where a rule asks for them (DESIGN.md §3, ALGORITHMS.md §1 rules 1-2).
 
 Why an interface and not arrays: a round scores n nodes over V tokens, and turning all n x V
 logits into float64 probability vectors costs far more than the rules themselves at V = 128k (one
@@ -10,7 +10,8 @@ every rule is written ONCE against this interface, and two backends implement it
 ``DenseRows``  wraps an (n, V) float64 array (what tests, enumeration and replay use, and what
                ``DraftTree.build(..., target_probs=array)`` makes);
 ``LogitRows``  keeps the raw (n, V) logits tensor on its device plus the ``SamplingParams`` and
-               processes a row only when it is touched (the engine's path).
+               processes a row only when it is touched (the engine's path); its passes over V
+               live in ``core.logit_kernels``.
 
 The exactness tests enumerate the rules through both backends (tests/core/test_rows.py), so the
 code the engine runs is the code that is proven exact.
@@ -26,7 +27,7 @@ Interface (``Rows``), n rows over V tokens, node = row index:
                                         equal to row(node)[ids] entry by entry. Every law a rule
                                         draws from at a node lies inside supp(p(.|node)), so rules
                                         compute residuals on these few entries (a top-p nucleus)
-                                        instead of V (issue 16)
+                                        instead of V
   gather(node, ids) -> (m,) float64     row(node)[ids] entry by entry, without building the row
                                         where the backend can (the draft side of a residual)
   greedy                                True when every row is a point mass at its argmax
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from verispec.core.logit_kernels import KERNELS, DeviceKernels, HostKernels, order_by_value_then_position
 from verispec.core.rng import Rng
 from verispec.errors import ConfigError, InvalidDistributionError
 
@@ -165,8 +167,6 @@ class NodeRows(Rows):
         return self._dense
 
 
-# log2(e): exp(x) = exp2(x log2 e); torch's float32 exp2 runs at about twice the speed of its exp
-LOG2_E = 1.0 / math.log(2.0)
 # p-thresholds of the top-p candidate passes over V, tried in turn; the last one, (1 - top_p) / (4 V),
 # is appended per row (below it the rest provably holds less than 1 - top_p). Within the first
 # pass the nucleus is sought among p > NUCLEUS_FIRST_EPSILON first (fewer tokens to sort).
@@ -196,150 +196,6 @@ class RowState:
     s_cut: float
     id_cut: int
     support: tuple[np.ndarray, np.ndarray] | None
-
-
-def _order_by_value_then_position(scaled: np.ndarray) -> np.ndarray:
-    """Positions of ``scaled`` (float32, <= 0 or -inf) by value descending, then position
-    ascending (= id ascending for candidates listed by ascending id): one sort of distinct int64
-    keys, the bits of -s above the position (non-negative floats order like their bit patterns),
-    several times faster than a stable argsort of the floats."""
-    flipped = -scaled + np.float32(0.0)  # >= 0, and -0.0 + 0.0 = +0.0
-    keys = (flipped.view(np.uint32).astype(np.int64) << 32) | np.arange(len(scaled), dtype=np.int64)
-    return np.sort(keys) & 0xFFFFFFFF
-
-
-class _HostKernels:
-    """The passes over V for logits on the CPU: NumPy on views of the rows (no copies; float32
-    rows are read in place, other dtypes are converted once per touched row; comparisons, argmax
-    and flatnonzero are several times faster in NumPy than in torch here), and torch's
-    exponentials on the same memory for the mass (its vectorised exp2 is the fastest
-    exponential on this CPU; NumPy's float32 exp is slower than torch's)."""
-
-    def __init__(self, logits: torch.Tensor):
-        self.tensor = logits
-        # a NumPy view shares the tensor's memory and strides: nothing is copied
-        self.array = logits.numpy() if logits.dtype == torch.float32 else None
-        self._converted: dict[int, np.ndarray] = {}
-        self._buffer: torch.Tensor | None = None
-
-    def row(self, node: int) -> np.ndarray:
-        """(V,) float32 NumPy row (a view when the logits are float32)."""
-        if self.array is not None:
-            return self.array[node]
-        found = self._converted.get(node)
-        if found is None:
-            found = self._converted[node] = self.tensor[node].float().numpy()
-        return found
-
-    def maxima(self, nodes: Sequence[int]) -> np.ndarray:
-        return np.array([self.row(n).max() for n in nodes], dtype=np.float32)  # NaN propagates
-
-    def masses(self, nodes: Sequence[int], maxima: np.ndarray, temperature: float, exact_terms: bool) -> np.ndarray:
-        """sum_x exp(s(x)) per row (see ``LogitRows``: fast = exp2 terms and float32
-        accumulation, exact_terms = exp of the float32 s itself and float64 accumulation)."""
-        if self._buffer is None:
-            self._buffer = torch.empty(self.tensor.shape[1], dtype=torch.float32)
-        buffer = self._buffer
-        out = np.empty(len(nodes))
-        for i, node in enumerate(nodes):
-            torch.sub(torch.from_numpy(self.row(node)), float(maxima[i]), out=buffer)
-            if exact_terms:
-                out[i] = float(buffer.div_(temperature).exp_().sum(dtype=torch.float64))
-            else:
-                out[i] = float(buffer.mul_(LOG2_E / temperature).exp2_().sum())
-        return out
-
-    def above(self, nodes: Sequence[int], thresholds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per row (ids ascending, float32 logits) of the entries with logit > threshold."""
-        found = []
-        for node, threshold in zip(nodes, thresholds):
-            row = self.row(node)
-            ids = np.flatnonzero(row > np.float32(threshold))
-            found.append((ids, row[ids]))
-        return found
-
-    def kth_largest(self, nodes: Sequence[int], k: int) -> np.ndarray:
-        return np.array([torch.topk(torch.from_numpy(self.row(n)), k).values[-1].item() for n in nodes], dtype=np.float32)
-
-    def argmax(self, nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(first maximal id, the logit there) per row. NumPy's argmax returns the first NaN of a
-        row holding one, so a non-finite value at the argmax flags NaN, +inf and all -inf rows."""
-        ids = np.empty(len(nodes), dtype=np.int64)
-        values = np.empty(len(nodes), dtype=np.float32)
-        if self.array is not None:
-            # runs of consecutive rows are read as one 2-D view (np.argmax over a slice copies nothing)
-            order = np.argsort(nodes, kind="stable")
-            sorted_nodes = np.asarray(nodes, dtype=np.int64)[order]
-            breaks = np.flatnonzero(np.diff(sorted_nodes) != 1) + 1
-            for positions in np.split(np.arange(len(nodes)), breaks):
-                first, last = int(sorted_nodes[positions[0]]), int(sorted_nodes[positions[-1]])
-                block = self.array[first : last + 1]
-                found = np.argmax(block, axis=1)
-                ids[order[positions]] = found
-                values[order[positions]] = block[np.arange(len(found)), found]
-            return ids, values
-        for i, node in enumerate(nodes):
-            row = self.row(node)
-            ids[i] = int(np.argmax(row))
-            values[i] = row[ids[i]]
-        return ids, values
-
-    def entries(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        if self.array is not None:
-            return self.array[nodes, tokens]
-        return self.tensor[torch.from_numpy(nodes), torch.from_numpy(tokens)].float().numpy()
-
-    def full_row(self, node: int) -> np.ndarray:
-        return self.row(node)
-
-
-class _DeviceKernels:
-    """The passes over V in torch on the logits' device (a GPU: rows selected together are
-    processed as one batch, and only small results travel to the host). Also runs on CPU tensors,
-    which is how the tests check it against ``_HostKernels``."""
-
-    def __init__(self, logits: torch.Tensor):
-        self.tensor = logits
-
-    def _rows(self, nodes: Sequence[int]) -> torch.Tensor:
-        index = torch.as_tensor(list(nodes), dtype=torch.long, device=self.tensor.device)
-        return self.tensor.index_select(0, index).float()
-
-    def maxima(self, nodes: Sequence[int]) -> np.ndarray:
-        return self._rows(nodes).amax(dim=-1).cpu().numpy()  # NaN anywhere in a row makes its max NaN
-
-    def masses(self, nodes: Sequence[int], maxima: np.ndarray, temperature: float, exact_terms: bool) -> np.ndarray:
-        shifted = self._rows(nodes).sub_(torch.as_tensor(maxima, device=self.tensor.device)[:, None])
-        if exact_terms:
-            return shifted.div_(temperature).exp_().sum(dim=-1, dtype=torch.float64).cpu().numpy()
-        return shifted.mul_(LOG2_E / temperature).exp2_().sum(dim=-1).double().cpu().numpy()
-
-    def above(self, nodes: Sequence[int], thresholds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        rows = self._rows(nodes)
-        cut = torch.as_tensor(np.asarray(thresholds, dtype=np.float32), device=rows.device)
-        mask = rows > cut[:, None]
-        positions = mask.nonzero().cpu().numpy()  # row-major: ids ascending within each row
-        values = rows[mask].cpu().numpy()
-        bounds = np.searchsorted(positions[:, 0], np.arange(len(nodes) + 1))
-        return [(positions[a:b, 1].astype(np.int64), values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-
-    def kth_largest(self, nodes: Sequence[int], k: int) -> np.ndarray:
-        return torch.topk(self._rows(nodes), k, dim=-1).values[:, -1].cpu().numpy()
-
-    def argmax(self, nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        rows = self._rows(nodes)
-        # amax propagates NaN (documented); the first maximal index is torch's documented argmax
-        return rows.argmax(dim=-1).cpu().numpy().astype(np.int64), rows.amax(dim=-1).cpu().numpy()
-
-    def entries(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        device = self.tensor.device
-        return self.tensor[torch.as_tensor(nodes, device=device), torch.as_tensor(tokens, device=device)].float().cpu().numpy()
-
-    def full_row(self, node: int) -> np.ndarray:
-        return self.tensor[int(node)].float().cpu().numpy()
-
-
-KERNELS = ("auto", "host", "device")
 
 
 class LogitRows(Rows):
@@ -404,7 +260,7 @@ class LogitRows(Rows):
         if kernels == "host" and not on_cpu:
             raise ConfigError(f"kernels='host' needs CPU logits, got device {self.logits.device}; use 'device' or 'auto'")
         use_host = kernels == "host" or (kernels == "auto" and on_cpu)
-        self._kernels = _HostKernels(self.logits) if use_host else _DeviceKernels(self.logits)
+        self._kernels = HostKernels(self.logits) if use_host else DeviceKernels(self.logits)
         self.params = params
         self.num_rows, self.vocab_size = (int(s) for s in logits.shape)
         self.greedy = params.greedy
@@ -543,7 +399,7 @@ class LogitRows(Rows):
             weights = np.exp(scaled.astype(np.float64) - log_z)
             if not final and weights.sum() < threshold:
                 return None
-            order = _order_by_value_then_position(scaled)
+            order = order_by_value_then_position(scaled)
             cumulative = np.cumsum(weights[order])
             crossing = int(np.searchsorted(cumulative, threshold))
             if crossing >= len(ids):
@@ -669,7 +525,7 @@ def draw_from(rng: Rng, target: Rows, node: int, build=None) -> tuple[int, int]:
 
 
 def draw_on_support(rng: Rng, target: Rows, node: int, build=None) -> tuple[int, int]:
-    """``draw_from`` in the coordinates of the target's support at ``node`` (issue 16).
+    """``draw_from`` in the coordinates of the target's support at ``node``.
 
     ids, p = target.support(node); ``build(ids, p)`` -> (law over ids (m,), guard hits), e.g.
     ``residual(p, draft.gather(node, ids))``; the token drawn is ids[categorical(law)]. Without

@@ -212,7 +212,7 @@ class DraftTree:
 
     def _validate_scheme_structure(self) -> None:
         """The shape of the tree must be one its scheme can draw (ALGORITHMS.md §1, §8, §9, §13):
-        a mislabelled tree makes exact rules lossy without any error (issue 10 item 6)."""
+        a mislabelled tree makes exact rules lossy without any error."""
         scheme, kids = self.scheme, self.children
         label = f"a tree labelled {scheme.name}"
         if scheme in (DraftScheme.CHAIN, DraftScheme.IID_PATHS, DraftScheme.WITHOUT_REPLACEMENT):

@@ -1,4 +1,4 @@
-"""Feature shards for training EAGLE-3 heads (issue 13): one teacher-forced fp32 target forward
+"""Feature shards for training EAGLE-3 heads: one teacher-forced fp32 target forward
 per sequence gives every position's head input features and the teacher distribution, stored so
 that training never re-runs the target.
 

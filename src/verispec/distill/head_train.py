@@ -1,4 +1,4 @@
-"""Training EAGLE-3 heads on stored target features (issue 13; ``verispec train-head``).
+"""Training EAGLE-3 heads on stored target features (``verispec train-head``).
 
 Loss (training-time test, EAGLE-3): ``Eagle3Head.unrolled`` gives S self-fed steps over each
 window; step k's logits at entry j predict token j + 2 for a round rooted k - 1 entries earlier

@@ -1,5 +1,4 @@
-"""``HeadDrafter``: an EAGLE-3 draft head (``models.eagle_head``) reading the target's own features
-(issue 13 item 2).
+"""``HeadDrafter``: an EAGLE-3 draft head (``models.eagle_head``) reading the target's own features.
 
 The target adapter (``models.hf.HFModelAdapter`` with ``enable_features``) keeps, for every cached
 committed position j, the target's hidden states at the head's ``aux_layer_ids`` (captured by the

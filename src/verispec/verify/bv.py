@@ -5,7 +5,7 @@ h_i = rho_i / (rho_i + 1 - w_i) with rho_i = sum_x [w_i p_{i+1}(x) - q_{i+1}(x)]
 h_L = w_L; tau = max{i : U_i < h_i}; residual norm([w_tau p_{tau+1} - q_{tau+1}]_+).
 Lossless per iteration, no target modification.
 
-Rows are read through the tree's row providers (core.rows, issue 16), touching only what the
+Rows are read through the tree's row providers (core.rows), touching only what the
 rule needs:
 * the ratios p_i(x_i)/q_i(x_i) one entry per row, in blocks of 2, 4, 8, ... positions (one
   batched gather per side each, as SD), and no further once w reaches 0: p_i(x_i) = 0 makes every
@@ -25,7 +25,8 @@ from verispec.core.probs import residual
 from verispec.core.rng import Rng
 from verispec.core.rows import draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, result_at, row_gather
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
+from verispec.verify.path_rows import PathRows, row_gather
 
 FIRST_BLOCK = 2
 

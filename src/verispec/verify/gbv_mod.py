@@ -19,8 +19,9 @@ from verispec.core.probs import normalized_positive_part, safe_log
 from verispec.core.rng import Rng
 from verispec.core.rows import draw_on_support
 from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import PathRows, Verifier, VerifyResult, chain_nodes, path_rows, result_at, row_gather, row_support
+from verispec.verify.base import Verifier, VerifyResult, chain_nodes, result_at
 from verispec.verify.modification import ModificationWindow, PlainDraftJoint
+from verispec.verify.path_rows import PathRows, path_rows, row_gather, row_support
 
 
 def _scaled_parts(target: np.ndarray, draft: np.ndarray, log_nu: float) -> tuple[np.ndarray, np.ndarray]:
@@ -40,7 +41,7 @@ def greedy_block_stop(
     SpecTr-GBV★), both indexable by position (arrays or lazy providers, read through
     ``row_support`` / ``row_gather``); target_token_probs / draft_token_probs: (L,) p_i(x_i),
     q_i(x_i). S_i = sum_x [nu_i p_{i+1}(x) - q_{i+1}(x)]_+ is summed over supp(p_{i+1}) only: the
-    positive part vanishes where p = 0 (issue 16: a top-p nucleus instead of V)."""
+    positive part vanishes where p = 0 (a top-p nucleus instead of V)."""
     length = len(target_token_probs)
     with np.errstate(divide="ignore"):
         log_ratios = np.log(np.asarray(target_token_probs, dtype=np.float64)) - np.log(draft_token_probs)

@@ -15,16 +15,10 @@ from __future__ import annotations
 
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
+from verispec.verify.base import Verifier, VerifyResult, result_at
 from verispec.verify.bv import block_verify_draw
-from verispec.verify.greedy_selection import (  # noqa: F401  (re-exported for older imports)
-    SkewedPathLaw,
-    below_mass,
-    below_mass_all,
-    num_iid_drafts,
-    select_greedy_path,
-    skewed_mass,
-)
+from verispec.verify.greedy_selection import SkewedPathLaw, num_iid_drafts, select_greedy_path
+from verispec.verify.path_rows import path_rows
 
 
 class GreedyMultiPathBV(Verifier):

@@ -4,7 +4,7 @@ closed forms (``theory.closed_forms``).
 
 One definition of the local order at a prefix z, used by the selection AND by the law, so the two
 cannot disagree (a selection that breaks ties one way and a law that breaks them the other way is
-lossy, ALGORITHMS.md §7.1 / issue 10):
+lossy, ALGORITHMS.md §7.1):
 
     token a is ranked below token b  iff  (r(a), a) < (r(b), b)  lexicographically,
     with r(x) = p(x|z) / q(x|z) as a float64 quotient and r(x) = +inf where q(x|z) = 0,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
-from verispec.verify.base import row_gather, row_support
+from verispec.verify.path_rows import row_gather, row_support
 from verispec.verify.support import lookup
 from verispec.errors import InvalidDraftError
 
@@ -126,7 +126,7 @@ def below_mass_on_supports(
     target_ids: np.ndarray, target_values: np.ndarray, draft_ids: np.ndarray, draft_values: np.ndarray, query_ids
 ) -> np.ndarray:
     """``below_mass_all(target, draft)[query_ids]`` from the rows' supports, with no pass over V
-    (issue 16: a top-p nucleus holds ~10^2 of V = 10^5 tokens). Bit-identical to
+    (a top-p nucleus holds ~10^2 of V = 10^5 tokens). Bit-identical to
     ``below_mass_all`` (tests/verify/test_below_mass_fast.py).
 
     p is ``target_values`` on ``target_ids`` and 0 elsewhere, q is ``draft_values`` on
@@ -188,7 +188,7 @@ def num_iid_drafts(tree: DraftTree) -> int:
     """K, the number of i.i.d. drafted paths the skewed law is taken over.
 
     A CHAIN is K = 1. An IID_PATHS trie MUST carry its raw paths (duplicates kept): the law of
-    the selected path depends on K, and guessing K = 1 is lossy (issue 10, item 6)."""
+    the selected path depends on K, and guessing K = 1 is lossy."""
     if tree.scheme is DraftScheme.IID_PATHS:
         if tree.num_paths < 1:
             raise InvalidDraftError(

@@ -10,7 +10,7 @@ This is the walk of the q-free rule (``verify.qfree.qfree_walk``, one definition
 draw y ~ p(.|u) at an internal node is made in two exact stages, so that nothing O(V) is read
 while children are hit: first a categorical over {each distinct child token c: p(c)} U {miss:
 the remaining mass} from one gather of the children's entries; only on a miss is y drawn from p
-restricted to the non-child tokens, on the support of p(.|u) (a top-p nucleus, not V; issue 16).
+restricted to the non-child tokens, on the support of p(.|u) (a top-p nucleus, not V).
 The output law is the same as one draw from p(.|u).
 """
 

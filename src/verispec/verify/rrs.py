@@ -22,7 +22,7 @@ Candidates per scheme:
 ``RRSDeduplicated`` is the §8.1 pitfall kept as a negative control: RRS's with-replacement
 formulas applied to the deduplicated trie children of i.i.d. paths. It is NOT lossless.
 
-Vectors are float64 and live on the target's support at the node (issue 16: every t_j vanishes
+Vectors are float64 and live on the target's support at the node (every t_j vanishes
 outside supp(p(.|u)); ``_recursive_rejection`` says where each quantity lives): the work per node
 is O(|supp p|) per rejected candidate, nothing is computed while candidates are accepted, and no
 step reads all V entries of a row.
@@ -52,7 +52,7 @@ def _recursive_rejection(
     """§8.1 at ``node`` of the row providers (core.rows), with diagnostics:
     (accepted index or None, the law of y ~ t_m as a SupportDraw or None, residual guard hits).
 
-    Where each quantity lives (issue 16), S = supp(p(.|u)), ids, p_S = target.support(u):
+    Where each quantity lives, S = supp(p(.|u)), ids, p_S = target.support(u):
       t_j     t_0 = p vanishes outside S and t_j = norm([t_{j-1} - d_{j-1}]_+) stays 0 there, so
               every t_j is kept over ids only; t_j(c) of a candidate c outside S is 0 (a rejection
               unless d(c) = 0 too, as on full rows).

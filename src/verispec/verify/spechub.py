@@ -30,7 +30,7 @@ hub with probability min(p(a), R2)/R2) and the final residual keeps r(a) = p(a).
 
 The module-level reference functions take float64 vectors of shape (V,). The verifier reads two
 entries per side at a binary node (core.rows) and, after a rejection, works on the target's
-support at the node (issue 16; ``_pair_rule`` says why each sum may skip the rest of V).
+support at the node (``_pair_rule`` says why each sum may skip the rest of V).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def spechub_acceptance(target: np.ndarray, draft: np.ndarray) -> float:
 
 def _sd_rule(rng: Rng, target: Rows, draft: Rows, node: int, tokens: Sequence[int]):
     """A unary node: plain SD (§2); target / draft are the tree's row providers. The residual
-    norm([p - q]_+) vanishes outside supp(p): built on the target's support (issue 16)."""
+    norm([p - q]_+) vanishes outside supp(p): built on the target's support."""
     token = tokens[0]
     p_x, q_x = target.prob(node, token), draft.prob(node, token)
     if rng.bernoulli(1.0 if p_x >= q_x else p_x / q_x):
@@ -153,7 +153,7 @@ def _pair_rule(rng: Rng, target_rows: Rows, draft_rows: Rows, node: int, tokens:
     Returns (accepted index, SupportDraw of the residual r or None, guard hits). The pair's
     entries come from one gather per side; the target's support only after the first test rejects.
 
-    Where each quantity lives (issue 16), S = supp(p(.|u)), ids, p_S = target.support(u),
+    Where each quantity lives, S = supp(p(.|u)), ids, p_S = target.support(u),
     q_S = draft.gather(u, ids), c = q(a)/(1 - q(a)):
       pi1(x) = min(p, q), pi2(x) = min([p - q]_+, c q) and r(x) = [p - (1 + c) q]_+ are 0 where
       p(x) = 0, so R1 = q(a) - sum_{x != a} pi2(x) and r are sums / vectors over S;

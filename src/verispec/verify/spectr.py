@@ -20,7 +20,7 @@ from the f < 0 side"): rho is the *lower* end of the bisection bracket after onl
 
 The helpers below (``kseq_rho``, ``kseq_beta``, ``kseq_residual``, ...) take float64 vectors
 over any set of tokens that holds the support of p: the full vocabulary (V,), or, as the rule
-runs them (``kseq_node``, issue 16), the support of p(.|node) with q gathered there (every sum
+runs them (``kseq_node``), the support of p(.|node) with q gathered there (every sum
 they take vanishes where p = 0; see ``kseq_node``). Choosing rho (``kseq_rho``) costs one
 binning pass over those tokens plus work on the few whose ratio p/q stays inside the bracket;
 it is done only when a candidate test needs rho (p(c) < k q(c)), and the residual only after k

@@ -13,10 +13,11 @@ from __future__ import annotations
 from verispec.core.probs import safe_log
 from verispec.core.rng import Rng
 from verispec.core.tree import DraftScheme, DraftTree
-from verispec.verify.base import Verifier, VerifyResult, path_rows, result_at
+from verispec.verify.base import Verifier, VerifyResult, result_at
 from verispec.verify.gbv_mod import greedy_block_draw
 from verispec.verify.greedy_selection import SkewedPathLaw, num_iid_drafts, select_greedy_path
 from verispec.verify.modification import ModificationWindow, SkewedDraftJoint
+from verispec.verify.path_rows import path_rows
 
 
 class SpecTrGBVStar(Verifier):

@@ -1,4 +1,4 @@
-"""Rule state in the coordinates of the target's support at a node (issue 16; ALGORITHMS.md §1).
+"""Rule state in the coordinates of the target's support at a node (ALGORITHMS.md §1).
 
 Every law the tree rules draw from at a node u (RRS's t_m §8.1, SpecHub's r §9.3, traversal's
 P_u §12, SD's residual §2) vanishes outside supp(p(.|u)): each starts from p(.|u) and is updated by
