@@ -21,13 +21,17 @@ import time
 
 # None: OMP_WAIT_POLICY unset (libgomp's default: spin, then sleep); measure a checkout whose CLI does
 # not set the policy itself (--code-path) to see that default
-CONFIGS = {"1 thread": ("1", None), "2 threads": ("2", None), "2 threads PASSIVE": ("2", "PASSIVE")}
+CONFIGS = {"1 thread": ("1", None), "2 threads": ("2", None), "2 threads PASSIVE": ("2", "PASSIVE"),
+           "CLI default": (None, None)}  # neither variable set: what a user of --code-path's checkout gets
 RATE = re.compile(r"([0-9.]+) tokens/s")
 
 
 def run_once(threads: str, policy: str | None, tokens: int, timeout: float, code_path: str) -> float | None:
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": code_path}
+    env = {**os.environ, "PYTHONPATH": code_path}
     env.pop("OMP_WAIT_POLICY", None)
+    env.pop("OMP_NUM_THREADS", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads
     if policy == "PASSIVE":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     command = [sys.executable, "-m", "verispec", "generate", "Write a short poem about the sea.", "--max-new-tokens", str(tokens),
@@ -48,13 +52,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--timeout", type=float, default=150.0)
     parser.add_argument("--code-path", default="src", help="PYTHONPATH of the verispec to measure")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of: {', '.join(CONFIGS)}")
     args = parser.parse_args()
     rates: dict[tuple[str, str], list[float | None]] = {}
     for rep in range(args.reps):
         for load in ("quiet", "hog"):
             hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "hog" else None
             try:
-                names = list(CONFIGS)
+                names = args.configs.split(",")
                 names = names[rep % len(names):] + names[:rep % len(names)]  # rotate the order per repetition
                 for name in names:
                     threads, policy = CONFIGS[name]

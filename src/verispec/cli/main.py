@@ -46,8 +46,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_threads_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=flags.int_at_least(1), default=None,
-                        help="torch CPU threads (default: the cores this process may use minus those other work keeps "
-                             "busy, by the load average; more threads than free cores makes decoding far slower)")
+                        help="torch CPU threads (default: the cores this process may use; waiting threads sleep "
+                             "(OMP_WAIT_POLICY=PASSIVE) so a busy machine slows decoding down instead of stalling it)")
 
 
 def build_parser() -> argparse.ArgumentParser:

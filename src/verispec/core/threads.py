@@ -1,11 +1,14 @@
-"""How many torch (OpenMP) threads a decode should use on the cores this process actually gets.
+"""How many torch (OpenMP) threads a decode uses by default: the cores this process may run on.
 
-A decode of a small model is a long chain of short parallel regions; every region ends at a
-barrier. When another process holds one of the cores, a thread of the decode waits for its
-partner at every barrier, so more threads than free cores makes a decode far SLOWER than one
-thread (measured: ``benchmarks/threads_contention.py``). The default is therefore the cores this
-process may run on (``os.sched_getaffinity``, which honours taskset / cgroup cpusets) minus the
-ones other work keeps busy (the 1-minute load average), shared among the workers, at least 1.
+A decode of a small model is a long chain of short parallel regions, each ending at a barrier.
+With OpenMP's default wait policy the threads spin at those barriers, and when another process
+holds one of the cores a 2-thread decode collapsed (> 150 s for 24 tokens instead of ~5 s); with
+``OMP_WAIT_POLICY=PASSIVE`` (set by the command line before torch loads) waiting threads sleep,
+and 2 threads were then as fast or faster than 1 thread both on a busy machine and with a
+busy-loop hog on one core (``benchmarks/threads_contention.py``: the Linux scheduler shares CPU
+time per thread, so a decode with more threads also gets a larger share of a crowded machine).
+So the default is simply the cores this process may use (``os.sched_getaffinity``, which honours
+taskset and cgroup cpusets, unlike ``os.cpu_count``), shared among the workers, at least 1.
 """
 
 from __future__ import annotations
@@ -21,17 +24,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_threads(workers: int = 1, cores: int | None = None, load: float | None = None) -> int:
-    """Torch threads per decode for ``workers`` decodes running side by side.
-
-    cores / load: for tests; by default ``usable_cores()`` and the 1-minute load average (runnable
-    processes, capped at the machine's cores, since this process's cores are all it can use).
-    """
-    cores = usable_cores() if cores is None else cores
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            load = 0.0
-    free = max(1, round(cores - min(load, cores)))
-    return max(1, free // max(1, workers))
+def default_threads(workers: int = 1, cores: int | None = None, environ=None) -> int:
+    """Torch threads per decode for ``workers`` decodes running side by side: OMP_NUM_THREADS
+    when the environment sets it (the user's choice wins), else the usable cores; divided among
+    the workers, at least 1. cores / environ: for tests."""
+    environ = os.environ if environ is None else environ
+    if cores is None:
+        explicit = environ.get("OMP_NUM_THREADS", "").strip()
+        cores = int(explicit) if explicit.isdigit() and int(explicit) > 0 else usable_cores()
+    return max(1, cores // max(1, workers))

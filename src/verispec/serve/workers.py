@@ -13,8 +13,8 @@ request frees its worker within one round.
 
 Torch threads: ``torch.set_num_threads`` is set inside every worker thread (OpenMP's thread count
 is per calling thread) to ``threads_per_worker``, by default ``core.threads.default_threads``: the
-cores this process may use, less those other work keeps busy, divided among the workers (at least
-1), so that N parallel decodes do not oversubscribe the cores.
+cores this process may use divided among the workers (at least 1), so that N parallel decodes do
+not oversubscribe the cores.
 """
 
 from __future__ import annotations
