@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -53,3 +54,9 @@ def server(tiny_pair, tokenizer):
     handle, pool = start_server(tiny_pair, tokenizer)
     yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official ``openai`` client of the module's server."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)

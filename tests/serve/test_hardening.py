@@ -10,19 +10,13 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve.conftest import MODEL, start_server
+from tests.serve.test_server import metric_samples
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 USER_HI = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def post_raw(url: str, path: str, text: str) -> httpx.Response:
@@ -38,11 +32,6 @@ def assert_400(response: httpx.Response, param, *fragments: str, code: str | Non
     if code is not None:
         assert error["code"] == code, error
     return error
-
-
-def metric_samples(url: str) -> dict:
-    text = httpx.get(url + "/metrics").text
-    return {(s.name, frozenset(s.labels.items())): s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 # ------------------------------------------------------------------------------ lone surrogates
@@ -72,6 +61,13 @@ def test_unknown_field_named_by_a_surrogate_is_still_a_clean_400(server):
 def test_surrogate_pair_is_fine(server):
     response = post_raw(server.url, COMPLETIONS, '{"model": "tiny-test", "prompt": "smile \\ud83d\\ude00", "max_tokens": 2}')
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"model": "tiny-test", "prompt": "x", "max_tokens": ' + "9" * 5000 + "}",
+                                  '{"model": "tiny-test", "prompt": "x", "metadata": ' + '{"a": ' * 3000 + "1" + "}" * 3001])
+def test_unparsable_json_is_400(server, text):
+    response = post_raw(server.url, COMPLETIONS, text)
+    assert_400(response, None, "could not be parsed", code="invalid_json")
 
 
 # ---------------------------------------------------------------------------- unknown fields

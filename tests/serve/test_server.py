@@ -17,11 +17,6 @@ SPECULATIVE_KEYS = {"method", "num_drafts", "draft_len", "block_efficiency", "ta
                     "verify_seconds", "stop_reason", "seed"}
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
 def metric_samples(url: str) -> dict:
     """{(name, frozenset(labels)): value} of the /metrics page."""
     text = httpx.get(url + "/metrics").text

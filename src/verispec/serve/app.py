@@ -475,8 +475,11 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
             code = HTTPStatus(error.status_code).phrase.lower().replace(" ", "_")  # 405 -> "method_not_allowed"
         except ValueError:
             code = "http_error"
-        return error_response(APIError(error.status_code, str(error.detail), code=code,
-                                       headers=dict(error.headers or {})), request.url.path)
+        message = str(error.detail)
+        if error.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's, on RecursionError / ValueError
+            message, code = ("the request body could not be parsed: its JSON is nested too deeply or holds a number with "
+                             "too many digits; send an OpenAI request body"), "invalid_json"
+        return error_response(APIError(error.status_code, message, code=code, headers=dict(error.headers or {})), request.url.path)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception):
