@@ -516,27 +516,19 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        def prepare_completion():
-            settings = prepare(body, default_max_tokens=16)  # OpenAI's default for completions
-            with tokenizer_lock:
-                return settings, completion_prompt_ids(body, tokenizer, config.vocab_size)
-
-        settings, prompt_ids = await run_in_threadpool(prepare_completion)
+        settings, prompt_ids = await run_in_threadpool(  # 16: OpenAI's default for completions
+            prepare, body, 16, lambda: completion_prompt_ids(body, tokenizer, config.vocab_size))
         return await run(request, body, settings, prompt_ids, chat=False, param="prompt")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        def prepare_chat():
-            settings = prepare(body, default_max_tokens=config.default_max_tokens)
-            with tokenizer_lock:
-                return settings, chat_prompt_ids(body, tokenizer)
-
-        settings, prompt_ids = await run_in_threadpool(prepare_chat)
+        settings, prompt_ids = await run_in_threadpool(prepare, body, config.default_max_tokens, lambda: chat_prompt_ids(body, tokenizer))
         return await run(request, body, settings, prompt_ids, chat=True, param="messages")
 
-    def prepare(body, default_max_tokens: int) -> DecodeSettings:
-        """Validated settings of a request (runs in the thread pool: scanning a long prompt for
-        surrogates is CPU work too)."""
+    def prepare(body, default_max_tokens: int, encode) -> tuple[DecodeSettings, list[int]]:
+        """(validated settings, prompt ids) of a request. Runs in the thread pool, off the event
+        loop: scanning a long prompt for surrogates, rendering a chat template and tokenizing
+        (``encode``, under the tokenizer's lock) take seconds for a prompt of megabytes."""
         check_text(body)
         check_model(body.model)
         settings = resolve_settings(body, config, default_max_tokens)
@@ -544,7 +536,8 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
             pool.check(settings)
         except ConfigError as error:
             raise bad_request(str(error), "speculative", "invalid_speculative") from error
-        return settings
+        with tokenizer_lock:
+            return settings, encode()
 
     async def run(request: Request, body, settings: DecodeSettings, prompt_ids: list[int], chat: bool, param: str):
         check_context(prompt_ids, settings, config, param)
