@@ -196,11 +196,15 @@ def test_health_answers_while_a_huge_prompt_is_tokenized(tiny_pair, tokenizer):
     try:
         sender = threading.Thread(target=big_request)
         sender.start()
-        latencies = []
+        latencies, small_answered_during = [], False
         while sender.is_alive():
             started = time.monotonic()
             assert httpx.get(handle.url + "/health", timeout=10).status_code == 200
             latencies.append(time.monotonic() - started)
+            if len(latencies) == 3:  # another request is prepared (tokenized) meanwhile too
+                small = httpx.post(handle.url + COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=60)
+                assert small.status_code == 200, small.text
+                small_answered_during = sender.is_alive()
             time.sleep(0.05)
         sender.join()
     finally:
@@ -208,6 +212,7 @@ def test_health_answers_while_a_huge_prompt_is_tokenized(tiny_pair, tokenizer):
     assert_400(answer["response"], "prompt", code="context_length_exceeded")
     assert len(latencies) >= 3, "the big request ended too fast to probe /health while it was prepared"
     assert max(latencies) < 1.0, latencies
+    assert small_answered_during, "a small request waited for the huge prompt's tokenization"
 
 
 # ------------------------------------------------------------------------------------ metrics

@@ -12,13 +12,15 @@ Responses carry OpenAI's fields plus a top-level ``speculative`` object (``specu
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import queue
 import secrets
 import threading
 import time
 import uuid
 from collections import Counter as Tally
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -339,6 +341,36 @@ def field_path(location) -> list[str]:
     return path
 
 
+PREPARE_SLOTS = 4  # requests tokenized at once (each slot holds one tokenizer copy, a few MB)
+
+
+class TokenizerPool:
+    """Up to ``size`` tokenizers (the given one, then deep copies made when requests overlap), lent
+    one per request being prepared. Rust tokenizers refuse concurrent use from threads while one
+    changes its settings ("Already borrowed"), so no tokenizer is used by two threads at once."""
+
+    def __init__(self, tokenizer, size: int):
+        self.original, self.size, self.made = tokenizer, size, 1
+        self.free: queue.Queue = queue.Queue()
+        self.free.put(tokenizer)
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def borrow(self):
+        try:
+            tokenizer = self.free.get_nowait()
+        except queue.Empty:
+            with self.lock:
+                grow = self.made < self.size
+                self.made += grow
+            # all lent: a new copy (0.3 s once), or wait, in this pool thread, not on the event loop
+            tokenizer = copy.deepcopy(self.original) if grow else self.free.get()
+        try:
+            yield tokenizer
+        finally:
+            self.free.put(tokenizer)
+
+
 class BodyLimit:
     """Pure ASGI middleware refusing request bodies over ``limit`` bytes with a 413, while reading:
     a Content-Length over the limit is refused before any byte is read, and a chunked (or lying)
@@ -414,10 +446,10 @@ class RequestCounter:
 def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
     """The FastAPI app over a (not yet started) pool; the pool starts and stops with the app.
 
-    tokenizer: encodes prompts and renders chat templates in a worker thread of the event loop's
-    thread pool, one request at a time (a lock: Rust tokenizers refuse concurrent mutable use), so
-    the loop itself stays free for /health and other requests while a long prompt is tokenized;
-    the decode workers use their own copies.
+    tokenizer: encodes prompts and renders chat templates in the event loop's thread pool, so the
+    loop stays free for /health while a long prompt is tokenized; ``PREPARE_SLOTS`` requests are
+    prepared at once, each with its own copy (``TokenizerPool``), so one huge prompt does not hold
+    up the next small request either. The decode workers use their own copies.
     """
     metrics = metrics or ServerMetrics(lambda: pool.queue_depth, lambda: pool.busy_workers)
     previous_hook = pool.on_finished
@@ -441,7 +473,7 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.pool, app.state.metrics, app.state.config = pool, metrics, config
 
-    tokenizer_lock = threading.Lock()
+    tokenizers = TokenizerPool(tokenizer, PREPARE_SLOTS)
 
     def error_response(error: APIError, endpoint: str) -> Response:
         if error.code != "cancelled":  # a client that went away is a cancellation, counted by the pool hook
@@ -517,18 +549,18 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         settings, prompt_ids = await run_in_threadpool(  # 16: OpenAI's default for completions
-            prepare, body, 16, lambda: completion_prompt_ids(body, tokenizer, config.vocab_size))
+            prepare, body, 16, lambda own: completion_prompt_ids(body, own, config.vocab_size))
         return await run(request, body, settings, prompt_ids, chat=False, param="prompt")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        settings, prompt_ids = await run_in_threadpool(prepare, body, config.default_max_tokens, lambda: chat_prompt_ids(body, tokenizer))
+        settings, prompt_ids = await run_in_threadpool(prepare, body, config.default_max_tokens, lambda own: chat_prompt_ids(body, own))
         return await run(request, body, settings, prompt_ids, chat=True, param="messages")
 
     def prepare(body, default_max_tokens: int, encode) -> tuple[DecodeSettings, list[int]]:
         """(validated settings, prompt ids) of a request. Runs in the thread pool, off the event
         loop: scanning a long prompt for surrogates, rendering a chat template and tokenizing
-        (``encode``, under the tokenizer's lock) take seconds for a prompt of megabytes."""
+        (``encode(tokenizer)``, with a tokenizer of the pool) take seconds for a prompt of megabytes."""
         check_text(body)
         check_model(body.model)
         settings = resolve_settings(body, config, default_max_tokens)
@@ -536,8 +568,8 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
             pool.check(settings)
         except ConfigError as error:
             raise bad_request(str(error), "speculative", "invalid_speculative") from error
-        with tokenizer_lock:
-            return settings, encode()
+        with tokenizers.borrow() as own:
+            return settings, encode(own)
 
     async def run(request: Request, body, settings: DecodeSettings, prompt_ids: list[int], chat: bool, param: str):
         check_context(prompt_ids, settings, config, param)
