@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -36,10 +37,11 @@ def tiny_pair(tokenizer):
 
 
 def start_server(tiny_pair, tokenizer, workers=2, max_queue=4, method="sd", num_drafts=3, draft_len=4,
-                 request_timeout=60.0, on_finished=None, max_context=None, graceful_seconds=5.0):
+                 request_timeout=60.0, on_finished=None, max_context=None, graceful_seconds=5.0, max_request_bytes=4 * 2**20):
     target, draft = tiny_pair
     config = ServerConfig(MODEL, method, num_drafts, draft_len, None, max_context or target.config.max_position_embeddings,
-                          target.config.vocab_size, default_max_tokens=32, request_timeout=request_timeout, shutdown_grace=5.0)
+                          target.config.vocab_size, default_max_tokens=32, request_timeout=request_timeout, shutdown_grace=5.0,
+                          max_request_bytes=max_request_bytes)
     app, pool = build_server(target, draft, tokenizer, config, workers=workers, max_queue=max_queue, threads_per_worker=1)
     if on_finished is not None:
         pool.on_finished = on_finished  # create_app already chained the metrics hook; wrap it
@@ -52,3 +54,9 @@ def server(tiny_pair, tokenizer):
     handle, pool = start_server(tiny_pair, tokenizer)
     yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official ``openai`` client of the module's server."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)

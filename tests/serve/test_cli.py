@@ -16,12 +16,25 @@ from tests.serve.conftest import tiny_llama
 from verispec.cli.main import main
 
 
-@pytest.mark.parametrize("flag,value,message", [("--workers", "0", "--workers must be >= 1"),
-                                                ("--max-queue", "0", "--max-queue must be >= 1"),
-                                                ("--request-timeout", "0", "--request-timeout must be > 0")])
+@pytest.mark.parametrize("flag,value,message", [("--workers", "0", "--workers: must be a whole number >= 1"),
+                                                ("--max-queue", "0", "--max-queue: must be a whole number >= 1"),
+                                                ("--request-timeout", "0", "--request-timeout: must be a finite number > 0")])
 def test_bad_flags_exit_2_naming_the_flag(capsys, flag, value, message):
     assert main(["serve", flag, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_port_in_use_is_one_line_before_the_model_loads(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        assert main(["serve", "--target", "/nonexistent/model", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert "serving" not in err and " on http://" not in err  # nothing claims to serve
+    assert time.monotonic() - started < 10  # the bind failed before any model was looked for
 
 
 def test_serve_process(tmp_path, tokenizer):

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from verispec.cli import flags
 from verispec.errors import ConfigError
 from verispec.models import BACKENDS
 
@@ -22,11 +23,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None, help="comma-separated registry names, e.g. sd,bv,spectr (default qfree: token trees)")
     parser.add_argument("--dataset", action="append", default=None,
                         help="'humaneval' or a Spec-Bench-format JSONL file (repeatable, or comma list)")
-    parser.add_argument("--limit", type=int, default=None, help="prompts per dataset (per category for Spec-Bench files; default 10)")
+    parser.add_argument("--limit", type=flags.int_at_least(1), default=None, help="prompts per dataset (per category for Spec-Bench files; default 10)")
     parser.add_argument("-K", "--num-drafts", dest="K", default=None, help="comma list of K (default 1)")
     parser.add_argument("-L", "--draft-len", dest="L", default=None, help="comma list of L (default 4)")
     parser.add_argument("--temperatures", default=None, help="comma list, 0 = greedy (default 0)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    parser.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=None, help="default 128")
     parser.add_argument("--seeds", default=None, help="comma list (default 0)")
     parser.add_argument("--out", default=None, help="output folder (default bench_out)")
     parser.add_argument("--target", default=None, help="target model directory, or gemma3-270m (optional extra) (default: embedded SmolLM2-135M-Instruct)")
@@ -34,18 +35,18 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft model directory, 'head' (the shipped EAGLE-3 head) or a head directory, 'tree' or 'ngram' (default: token trees for q-free methods, ngram otherwise)")
     parser.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto (default): bf16 where the CPU has native bf16, else fp32")
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", type=flags.device, default=None, help="cpu (default) or cuda[:N] (needs a CUDA build of torch)")
     parser.add_argument("--backend", default=None, choices=BACKENDS,
                         help="model forward: native Llama forward when possible (auto, default) or transformers'")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--threads", type=flags.int_at_least(1), default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--top-k", type=flags.int_at_least(0, " (0 disables it)"), default=None)
+    parser.add_argument("--top-p", type=flags.top_p, default=None)
     parser.add_argument("--no-chat", dest="chat", action="store_const", const=False, default=None,
                         help="do not wrap prompts in the chat template")
     parser.add_argument("--record", action="store_const", const=True, default=None,
                         help="store the verified draft trees (full float64 vectors) under OUT/trees for --replay")
-    parser.add_argument("--record-limit", type=int, default=None, help="rounds recorded per configuration (default 32)")
-    parser.add_argument("--record-per-prompt", type=int, default=None,
+    parser.add_argument("--record-limit", type=flags.int_at_least(1), default=None, help="rounds recorded per configuration (default 32)")
+    parser.add_argument("--record-per-prompt", type=flags.int_at_least(1), default=None,
                         help="rounds recorded per prompt (default: no per-prompt cap), so a recording spans many prompts")
     parser.add_argument("--anchor", action="store_const", const=True, default=None,
                         help="add transformers' generate and assisted generation (needs --draft DIR)")
@@ -53,17 +54,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
     parser.add_argument("--replay", default=None, metavar="DIR",
                         help="re-verify the trees recorded in DIR with --methods (no models are run)")
-    parser.add_argument("--replay-seed", type=int, default=0, help="base seed of the common random numbers")
-    parser.add_argument("--replay-repeats", type=int, default=1, help="verifications per recorded tree (default 1)")
+    parser.add_argument("--replay-seed", type=flags.seed, default=0, help="base seed of the common random numbers")
+    parser.add_argument("--replay-repeats", type=flags.int_at_least(1), default=1, help="verifications per recorded tree (default 1)")
 
 
 def add_theory_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="theory_command", required=True)
     speedup = sub.add_parser("speedup", help="expected BE and speedup for L = 1..16 at acceptance alpha and draft cost ratio c")
-    speedup.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate in [0, 1]")
-    speedup.add_argument("-L", "--draft-len", type=int, default=4, help="the draft length to report (marked in the table)")
-    speedup.add_argument("--cost-ratio", type=float, default=0.0, help="draft forward cost / target forward cost (c)")
-    speedup.add_argument("--max-L", type=int, default=16, help="largest L in the table (default 16)")
+    speedup.add_argument("--alpha", type=flags.probability, required=True, help="per-token acceptance rate in [0, 1]")
+    speedup.add_argument("-L", "--draft-len", type=flags.int_at_least(1), default=4, help="the draft length to report (marked in the table)")
+    speedup.add_argument("--cost-ratio", type=flags.number_at_least(0), default=0.0, help="draft forward cost / target forward cost (c)")
+    speedup.add_argument("--max-L", type=flags.int_at_least(1), default=16, help="largest L in the table (default 16)")
 
 
 def run_bench(args) -> int:

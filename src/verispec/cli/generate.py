@@ -104,10 +104,21 @@ def prepare_output_file(path: str | None) -> None:
         raise ConfigError(f"{path!r} is a directory; give a file name, e.g. {str(Path(path) / 'stats.json')!r}")
 
 
+def set_threads(threads: int | None, workers: int = 1) -> int:
+    """Set torch's CPU threads to ``threads``, or to ``core.threads.default_threads`` when None;
+    returns the number set."""
+    from verispec.core.threads import default_threads
+
+    chosen = threads or default_threads(workers)
+    torch.set_num_threads(chosen)
+    return chosen
+
+
 def run_generate(args) -> int:
     from verispec.models.default import encode_prompt
 
     prepare_output_file(args.stats_json)
+    set_threads(args.threads)
     target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, args.method != "ar")
     decoder = _decoder(args, target_model, tokenizer, draft_model)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat)
@@ -133,6 +144,7 @@ def run_demo(args) -> int:
     from verispec.models.default import encode_prompt
     from verispec.models.hf import HFModelAdapter
 
+    set_threads(args.threads)
     target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device)
     args.tree, args.stop = None, ()
     target = HFModelAdapter(target_model, device=args.device, backend=args.backend)  # one cache for both decoders

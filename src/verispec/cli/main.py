@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+import os
 
-from verispec.errors import VerispecError
-from verispec.models import BACKENDS
+# Before anything imports torch (its OpenMP runtime reads this once, when it loads): OpenMP threads
+# that wait at a barrier sleep instead of spinning. Spinning threads steal the core that a thread
+# of the same decode (or another process) needs, and a 2-thread decode on a 2-core machine with
+# one other busy process collapsed from ~15 to < 0.2 tokens/s; sleeping costs little when idle.
+# An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from verispec.cli import flags  # noqa: E402
+from verispec.errors import VerispecError  # noqa: E402
+from verispec.models import BACKENDS  # noqa: E402
 
 
-def _int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+_int_list = flags.positive_int_list
 
 
 def _add_sampling_flags(parser: argparse.ArgumentParser, default_temperature: float = 1.0) -> None:
-    parser.add_argument("--temperature", type=float, default=default_temperature, help=f"0 = greedy (default {default_temperature})")
-    parser.add_argument("--top-k", type=int, default=0, help="0 disables (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1.0 disables (default)")
-    parser.add_argument("--draft-temperature", type=float, default=None, help="draft's own temperature (default: same as target)")
+    parser.add_argument("--temperature", type=flags.temperature, default=default_temperature, help=f"0 = greedy (default {default_temperature})")
+    parser.add_argument("--top-k", type=flags.int_at_least(0, " (0 disables it)"), default=0, help="0 disables (default)")
+    parser.add_argument("--top-p", type=flags.top_p, default=1.0, help="1.0 disables (default)")
+    parser.add_argument("--draft-temperature", type=flags.temperature, default=None, help="draft's own temperature (default: same as target)")
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -29,14 +38,20 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "(stochastic n-gram / prompt lookup), or 'default' (the shipped trained draft if any, else ngram)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto (default): bf16 where the CPU has native bf16, else fp32")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=flags.device, default="cpu", help="cpu (default) or cuda[:N] (needs a CUDA build of torch)")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="model forward: the native Llama forward when the model qualifies (auto, default), "
                              "or transformers' own forward")
 
 
+def _add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=flags.int_at_least(1), default=None,
+                        help="torch CPU threads (default: the cores this process may use; waiting threads sleep "
+                             "(OMP_WAIT_POLICY=PASSIVE) so a busy machine slows decoding down instead of stalling it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verispec", description="Speculative decoding with every verification rule, proven exact.")
+    parser = flags.OneLineParser(prog="verispec", description="Speculative decoding with every verification rule, proven exact.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode a prompt with a target/draft pair and a verification rule")
@@ -45,12 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", default=None,
                      help="registry name (verispec methods) or 'ar' for plain sampling (default: qfree with the "
                           "token-tree draft, sd with any other draft)")
-    gen.add_argument("-K", "--num-drafts", type=int, default=1)
-    gen.add_argument("-L", "--draft-len", type=int, default=4)
+    gen.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1)
+    gen.add_argument("-L", "--draft-len", type=flags.int_at_least(1), default=4)
     gen.add_argument("--tree", type=_int_list, default=None, help="children per depth for tree methods, e.g. 2,2,1")
     _add_sampling_flags(gen)
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=128)
+    gen.add_argument("--seed", type=flags.seed, default=0, help="a whole number in [0, 2**63) (default 0)")
+    _add_threads_flag(gen)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--stream", action="store_true", help="print text as blocks are accepted")
@@ -67,11 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job: a method vs plain decoding on HumanEval prompts")
     _add_model_flags(demo)
     demo.add_argument("--method", default=None, help="default: qfree with the token-tree draft, sd with any other")
-    demo.add_argument("-K", "--num-drafts", type=int, default=1)
-    demo.add_argument("-L", "--draft-len", type=int, default=4)
-    demo.add_argument("--prompts", type=int, default=3, help="number of HumanEval prompts")
-    demo.add_argument("--max-new-tokens", type=int, default=64)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1)
+    demo.add_argument("-L", "--draft-len", type=flags.int_at_least(1), default=4)
+    demo.add_argument("--prompts", type=flags.int_at_least(1), default=3, help="number of HumanEval prompts")
+    demo.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=64)
+    demo.add_argument("--seed", type=flags.seed, default=0, help="a whole number in [0, 2**63) (default 0)")
+    _add_threads_flag(demo)
     _add_sampling_flags(demo)
 
     from verispec.cli.sprinter import add_sprinter_parser
@@ -106,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help (0) or a bad flag (2, its one line already printed)
+        return done.code if isinstance(done.code, int) else 2
     try:
         if args.command == "generate" and args.method == "sprinter":
             from verispec.cli.sprinter import run_generate_sprinter
@@ -165,8 +185,7 @@ def main(argv=None) -> int:
 
             return run_theory(args)
     except VerispecError as error:
-        print(f"verispec: error: {error}", file=sys.stderr)
-        return 2
+        return flags.fail(args.command, str(error))
     return 1
 
 

@@ -7,24 +7,36 @@ import os
 import sys
 from pathlib import Path
 
+from verispec.cli import flags
+
 
 def add_serve_parser(sub, add_model_flags, int_list) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     add_model_flags(serve)
     serve.add_argument("--method", default="sd", help="default verification rule of requests (a registry name or 'ar')")
-    serve.add_argument("-K", "--num-drafts", type=int, default=1, help="default and largest K a request may ask for")
-    serve.add_argument("-L", "--draft-len", type=int, default=4, help="default and largest L a request may ask for")
+    serve.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1, help="default and largest K a request may ask for")
+    serve.add_argument("-L", "--draft-len", type=flags.int_at_least(1), default=4, help="default and largest L a request may ask for")
     serve.add_argument("--tree", type=int_list, default=None, help="default tree (children per depth) for tree rules, e.g. 2,2,1")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1, help="parallel decodes, each with its own KV caches over one shared model")
-    serve.add_argument("--max-queue", type=int, default=8, help="requests waiting beyond the running ones; more get 429 + Retry-After")
-    serve.add_argument("--threads-per-worker", type=int, default=None, help="torch threads per worker (default: cores // workers, at least 1)")
-    serve.add_argument("--request-timeout", type=float, default=300.0,
+    serve.add_argument("--port", type=flags.port, default=8000, help="TCP port in [0, 65535] (default 8000; 0 = any free port)")
+    serve.add_argument("--workers", type=flags.int_at_least(1), default=1, help="parallel decodes, each with its own KV caches over one shared model")
+    serve.add_argument("--max-queue", type=flags.int_at_least(1), default=8, help="requests waiting beyond the running ones; more get 429 + Retry-After")
+    serve.add_argument("--threads-per-worker", type=flags.int_at_least(1), default=None,
+                       help="torch threads per worker (default: the cores this process may use divided among the "
+                            "workers, at least 1)")
+    serve.add_argument("--request-timeout", type=flags.number_at_least(0, " seconds", strict=True), default=300.0,
                        help="seconds of decoding per request; then the answer so far is returned with finish_reason 'length'")
-    serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of chat requests that give none")
+    serve.add_argument("--default-max-tokens", type=flags.int_at_least(1), default=256, help="max_tokens of chat requests that give none")
     serve.add_argument("--served-model-name", default=None, help="the model id clients pass (default: the target's directory name)")
-    serve.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds in-flight requests get to finish on shutdown")
+    serve.add_argument("--shutdown-grace", type=flags.number_at_least(0, " seconds"), default=10.0,
+                       help="seconds in-flight requests get to finish on shutdown")
+    serve.add_argument("--max-request-bytes", type=flags.int_at_least(1024, " bytes"), default=DEFAULT_MAX_REQUEST_BYTES,
+                       help="largest request body; larger ones get 413 before they are read (default 4 MiB = 4194304: "
+                            "about 1M prompt tokens, beyond any context served, and small enough that parsing a body "
+                            "never stalls the server)")
+
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # = serve.app.DEFAULT_MAX_REQUEST_BYTES (not imported: it pulls in torch)
 
 
 def served_name(target: str | None) -> str:
@@ -41,11 +53,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from verispec.serve.app import ServerConfig
     from verispec.serve.launch import build_server
 
-    for name, value, low in (("--workers", args.workers, 1), ("--max-queue", args.max_queue, 1), ("--default-max-tokens", args.default_max_tokens, 1)):
-        if value < low:
-            raise ConfigError(f"{name} must be >= {low}, got {value}")
-    if args.request_timeout <= 0:
-        raise ConfigError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    from verispec.serve.launch import listening_socket
+
+    try:  # before loading the model: a port in use fails in a second, not after the load
+        sock = listening_socket(args.host, args.port)
+    except OSError as error:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}; choose another --port "
+                          f"(or --host), or stop the process using it") from None
     # the draft is always loaded: a request may choose any rule, whatever the server's default
     target_model, tokenizer, draft = load_pair(args.target, args.draft, args.dtype, args.device, need_draft=True)
     if args.device != "cpu" and args.workers > 1:
@@ -64,13 +78,19 @@ def run_serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         request_timeout=args.request_timeout,
         shutdown_grace=args.shutdown_grace,
+        max_request_bytes=args.max_request_bytes,
     )
     app, pool = build_server(target_model, draft, tokenizer, config, args.workers, args.max_queue, args.threads_per_worker, args.backend)
     check_default_rule(pool, config)
-    print(f"verispec serve: {config.model_name} on http://{args.host}:{args.port} ({args.workers} workers x "
+    host, port = sock.getsockname()[:2]
+    print(f"verispec serve: {config.model_name} on http://{host}:{port} ({args.workers} workers x "
           f"{pool.threads_per_worker} torch threads, queue {args.max_queue}, default {config.method} K={config.num_drafts} "
           f"L={config.draft_len}, pid {os.getpid()})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_grace)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_grace))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled once the server has shut down
+        pass
     return 0
 
 

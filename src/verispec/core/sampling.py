@@ -26,7 +26,7 @@ class SamplingParams:
 
     def __post_init__(self):
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy) and finite, got {self.temperature}")
         if int(self.top_k) != self.top_k or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -19,6 +19,7 @@ import numpy as np
 from verispec.core.rng import SeededRng
 from verispec.core.rows import LogitRows, draw_from
 from verispec.core.sampling import SamplingParams
+from verispec.core.seeds import check_seed
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
@@ -231,7 +232,7 @@ class TextDecoding:
         self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         self.stop = check_stop_strings(stop)
         self.eos_ids = eos_token_ids(eos_token_id, tokenizer, self.target)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.last_output = None
 
     def generate(self, prompt: str | Sequence[int], rng=None) -> GenerationOutput:

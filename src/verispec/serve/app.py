@@ -12,19 +12,25 @@ Responses carry OpenAI's fields plus a top-level ``speculative`` object (``specu
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import queue
 import secrets
+import threading
 import time
 import uuid
 from collections import Counter as Tally
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from verispec.core.seeds import check_seed
 from verispec.errors import ConfigError
 from verispec.serve.metrics import CONTENT_TYPE, ServerMetrics
 from verispec.serve.schemas import ChatRequest, CompletionRequest
@@ -34,7 +40,9 @@ from verispec.verify.registry import METHODS
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 MAX_STOP_STRINGS = 4
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
-SEED_MODULUS = 2**63  # numpy seeds are non-negative; any OpenAI int64 seed maps onto one
+# 4 MiB: about 1M prompt tokens of text, far beyond any context this engine serves, yet small enough
+# that JSON-parsing and validating a body stays well under a second on the event loop
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,7 @@ class ServerConfig:
     default_max_tokens: int = 256
     request_timeout: float = 300.0
     shutdown_grace: float = 10.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 class APIError(Exception):
@@ -72,35 +81,90 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
+    def response(self) -> Response:
+        """The JSON answer; ASCII-escaped, so text echoed from a request (a field name holding a
+        lone surrogate) can never make the error itself unencodable."""
+        return Response(json.dumps(self.body(), ensure_ascii=True), status_code=self.status, headers=self.headers,
+                        media_type="application/json")
+
+    @property
+    def error_type(self) -> str:
+        """The ``verispec_errors_total`` label: the code, else the OpenAI type (never a status number)."""
+        return self.code or self.kind
+
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
 
 
 # --------------------------------------------------------------------------------- validation
+# OpenAI fields that would change the answer and are not implemented: their no-op values (which are
+# accepted, as clients send some of them explicitly) and what to do instead. Anything else -> 400.
+UNSUPPORTED_FIELDS = {
+    "n": ((None, 1), "this server returns one choice per request (n = 1); send n requests"),
+    "presence_penalty": ((None, 0), "verispec's verification rules do not apply penalties; leave it at 0"),
+    "frequency_penalty": ((None, 0), "verispec's verification rules do not apply penalties; leave it at 0"),
+    "logit_bias": ((None, {}), "leave it out"),
+    "echo": ((None, False), "leave it out; the prompt is yours already"),
+    "suffix": ((None, ""), "insertion is not implemented; leave it out"),
+    "best_of": ((None, 1), "leave it out (1)"),
+    "logprobs": ((None, 0), "logprobs are not returned; leave it out"),
+    "top_logprobs": ((None, 0), "logprobs are not returned; leave it out"),
+    "tools": ((None, []), "function calling is not implemented; leave it out"),
+    "functions": ((None, []), "function calling is not implemented; leave it out"),
+    "tool_choice": ((None, "none", "auto"), "function calling is not implemented; leave it out"),
+    "function_call": ((None, "none", "auto"), "function calling is not implemented; leave it out"),
+    "response_format": ((None, {"type": "text"}), "structured output (JSON mode / schema) is not implemented; leave it out"),
+    "modalities": ((None, ["text"]), "only text is produced; leave it out"),
+    "audio": ((None,), "only text is produced; leave it out"),
+    "prediction": ((None,), "predicted outputs are not implemented; leave it out"),
+    "reasoning_effort": ((None,), "the model is not a reasoning model; leave it out"),
+    "verbosity": ((None,), "leave it out"),
+    "web_search_options": ((None,), "web search is not implemented; leave it out"),
+}
+
+
 def check_unsupported(request) -> None:
     """Refuse fields that would change the answer but are not implemented (400, naming the field)."""
-    if request.n not in (None, 1):
-        raise bad_request(f"n={request.n} is not supported: this server returns one choice per request (n = 1)", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(request, name) not in (None, 0, 0.0):
-            raise bad_request(f"{name} is not supported by verispec's verification rules; leave it at 0", name)
-    if request.logit_bias:
-        raise bad_request("logit_bias is not supported; leave it out", "logit_bias")
-    if isinstance(request, CompletionRequest):
-        if request.echo:
-            raise bad_request("echo is not supported", "echo")
-        if request.suffix:
-            raise bad_request("suffix is not supported", "suffix")
-        if request.best_of not in (None, 1):
-            raise bad_request("best_of > 1 is not supported", "best_of")
-        if request.logprobs:
-            raise bad_request("logprobs are not supported", "logprobs")
-    else:
-        if request.logprobs or request.top_logprobs:
-            raise bad_request("logprobs are not supported", "logprobs")
-        if request.tools:
-            raise bad_request("tools (function calling) are not supported", "tools")
+    for name in sorted(request.model_fields_set & UNSUPPORTED_FIELDS.keys()):
+        no_ops, advice = UNSUPPORTED_FIELDS[name]
+        value = getattr(request, name)
+        if value not in no_ops:  # == comparison: 0.0 and false count as 0
+            raise bad_request(f"{name}={json.dumps(value, ensure_ascii=True)[:80]} is not supported by this server; {advice}",
+                              name, "unsupported_parameter")
+
+
+def lone_surrogate(value, path: str = "") -> tuple[str, int] | None:
+    """(field path, character index) of the first lone UTF-16 surrogate in a parsed JSON value.
+
+    JSON's "\\ud800" escape parses into a Python str no tokenizer (nor UTF-8) can encode; such text
+    is refused up front instead of failing deep inside the tokenizer."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:  # UTF-8 refuses exactly the lone surrogates
+            return path, error.start
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = lone_surrogate(key, path) or lone_surrogate(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = lone_surrogate(item, f"{path}.{index}" if path else str(index))
+            if found:
+                return found
+    return None
+
+
+def check_text(request) -> None:
+    """400 naming the field when any string of the request holds a lone surrogate."""
+    found = lone_surrogate(request.model_dump(exclude_unset=True))
+    if found:
+        path, index = found
+        raise bad_request(f"{path or 'body'} holds a lone UTF-16 surrogate at character {index} (an unpaired \\ud800-\\udfff "
+                          "escape), which is not valid Unicode text; send UTF-8 text or a complete surrogate pair",
+                          path or None, "invalid_text")
 
 
 def resolve_speculative(request, config: ServerConfig) -> tuple[str, int, int, tuple[int, ...] | None]:
@@ -168,7 +232,10 @@ def resolve_settings(request, config: ServerConfig, default_max_tokens: int) -> 
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
         raise bad_request(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings, got {stop!r}", "stop")
-    seed = secrets.randbits(63) if request.seed is None else request.seed % SEED_MODULUS
+    try:
+        seed = secrets.randbits(63) if request.seed is None else check_seed(request.seed)
+    except ConfigError as error:
+        raise bad_request(str(error), "seed") from None
     method, num_drafts, draft_len, tree = resolve_speculative(request, config)
     return DecodeSettings(method, num_drafts, draft_len, tree, float(temperature), int(top_k), float(top_p),
                           int(max_tokens), tuple(stop), int(seed))
@@ -274,9 +341,88 @@ def field_path(location) -> list[str]:
     return path
 
 
+PREPARE_SLOTS = 4  # requests tokenized at once (each slot holds one tokenizer copy, a few MB)
+
+
+class TokenizerPool:
+    """Up to ``size`` tokenizers (the given one, then deep copies made when requests overlap), lent
+    one per request being prepared. Rust tokenizers refuse concurrent use from threads while one
+    changes its settings ("Already borrowed"), so no tokenizer is used by two threads at once."""
+
+    def __init__(self, tokenizer, size: int):
+        self.original, self.size, self.made = tokenizer, size, 1
+        self.free: queue.Queue = queue.Queue()
+        self.free.put(tokenizer)
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def borrow(self):
+        try:
+            tokenizer = self.free.get_nowait()
+        except queue.Empty:
+            with self.lock:
+                grow = self.made < self.size
+                self.made += grow
+            # all lent: a new copy (0.3 s once), or wait, in this pool thread, not on the event loop
+            tokenizer = copy.deepcopy(self.original) if grow else self.free.get()
+        try:
+            yield tokenizer
+        finally:
+            self.free.put(tokenizer)
+
+
+class BodyLimit:
+    """Pure ASGI middleware refusing request bodies over ``limit`` bytes with a 413, while reading:
+    a Content-Length over the limit is refused before any byte is read, and a chunked (or lying)
+    body as soon as the bytes received pass the limit, so a 20 MB upload is never held in memory.
+    Within the limit the body is handed on unchanged (later ``receive`` calls, such as the
+    disconnect watch of a running request, go to the client as before)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    def too_large(self) -> APIError:
+        return APIError(413, f"the request body is larger than this server's limit of {self.limit} bytes; send a shorter "
+                             f"request, or start the server with a larger --max-request-bytes", code="request_too_large")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self.refuse(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away while sending
+                return
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await self.refuse(scope, receive, send)
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def refuse(self, scope, receive, send):
+        response = self.too_large().response()
+        response.headers["Connection"] = "close"  # the rest of the body is never read
+        await response(scope, receive, send)
+
+
 class RequestCounter:
     """Pure ASGI middleware counting responses by path and status (Starlette's BaseHTTPMiddleware
-    would wrap streaming responses and get in the way of disconnect detection)."""
+    would wrap streaming responses and get in the way of disconnect detection), and error
+    responses made before the app runs (a body over the limit) by error type."""
 
     def __init__(self, app, metrics: ServerMetrics):
         self.app, self.metrics = app, metrics
@@ -289,6 +435,8 @@ class RequestCounter:
             if message["type"] == "http.response.start":
                 path = scope["path"] if scope["path"] in ENDPOINTS else "other"  # bounded label values
                 self.metrics.requests.labels(path, str(message["status"])).inc()
+                if message["status"] == 413:  # answered by BodyLimit, outside the app's error handlers
+                    self.metrics.errors.labels("request_too_large").inc()
             await send(message)
 
         await self.app(scope, receive, counting_send)
@@ -298,13 +446,19 @@ class RequestCounter:
 def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: ServerMetrics | None = None) -> FastAPI:
     """The FastAPI app over a (not yet started) pool; the pool starts and stops with the app.
 
-    tokenizer: used in the event loop only (encoding prompts); the workers decode with copies.
+    tokenizer: encodes prompts and renders chat templates in the event loop's thread pool, so the
+    loop stays free for /health while a long prompt is tokenized; ``PREPARE_SLOTS`` requests are
+    prepared at once, each with its own copy (``TokenizerPool``), so one huge prompt does not hold
+    up the next small request either. The decode workers use their own copies.
     """
     metrics = metrics or ServerMetrics(lambda: pool.queue_depth, lambda: pool.busy_workers)
     previous_hook = pool.on_finished
 
     def on_finished(job, event):
-        (metrics.record_finished if isinstance(event, JobFinished) else metrics.record_failed)(event)
+        if isinstance(event, JobFinished):
+            metrics.record_finished(event)
+        else:
+            metrics.record_failed(event, job.stream)
         if previous_hook is not None:
             previous_hook(job, event)
 
@@ -319,9 +473,12 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.pool, app.state.metrics, app.state.config = pool, metrics, config
 
-    def error_response(error: APIError, endpoint: str) -> JSONResponse:
-        metrics.errors.labels(error.code or error.kind).inc()
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    tokenizers = TokenizerPool(tokenizer, PREPARE_SLOTS)
+
+    def error_response(error: APIError, endpoint: str) -> Response:
+        if error.code != "cancelled":  # a client that went away is a cancellation, counted by the pool hook
+            metrics.errors.labels(error.error_type).inc()
+        return error.response()
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError):
@@ -332,8 +489,13 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
         problems = error.errors()
         first = problems[0] if problems else {}
         location = field_path(first.get("loc", ()))
+        # the unknown key itself ends the location, whatever it looks like ("Str", "a[0]")
+        unknown = [".".join([*field_path(e["loc"][:-1]), str(e["loc"][-1])]) for e in problems if e.get("type") == "extra_forbidden"]
         if first.get("type") == "json_invalid":
             message, param, code = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None, "invalid_json"
+        elif unknown:  # OpenAI's own wording, so clients and users recognise it
+            message = f"Unrecognized request argument supplied: {', '.join(unknown)}"
+            param, code = unknown[0], "unknown_parameter"
         else:
             message = "; ".join(f"{'.'.join(field_path(e.get('loc', ()))) or 'body'}: {e.get('msg')}" for e in problems[:5])
             param, code = ".".join(location) or None, "invalid_type" if "type" in str(first.get("type", "")) else "invalid_value"
@@ -341,15 +503,23 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):
-        return error_response(APIError(error.status_code, str(error.detail), code=str(error.status_code),
-                                       headers=dict(error.headers or {})), request.url.path)
+        try:
+            code = HTTPStatus(error.status_code).phrase.lower().replace(" ", "_")  # 405 -> "method_not_allowed"
+        except ValueError:
+            code = "http_error"
+        message = str(error.detail)
+        if error.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's, on RecursionError / ValueError
+            message, code = ("the request body could not be parsed: its JSON is nested too deeply or holds a number with "
+                             "too many digits; send an OpenAI request body"), "invalid_json"
+        return error_response(APIError(error.status_code, message, code=code, headers=dict(error.headers or {})), request.url.path)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception):
         return error_response(APIError(500, f"internal error: {type(error).__name__}: {error}", kind="server_error",
                                        code="internal_error"), request.url.path)
 
-    app.add_middleware(RequestCounter, metrics=metrics)
+    app.add_middleware(BodyLimit, limit=config.max_request_bytes)
+    app.add_middleware(RequestCounter, metrics=metrics)  # added last = outermost: it also counts BodyLimit's 413s
 
     @app.get("/health")
     async def health():
@@ -378,25 +548,28 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        check_model(body.model)
-        settings = prepare(body, default_max_tokens=16)  # OpenAI's default for completions
-        prompt_ids = completion_prompt_ids(body, tokenizer, config.vocab_size)
+        settings, prompt_ids = await run_in_threadpool(  # 16: OpenAI's default for completions
+            prepare, body, 16, lambda own: completion_prompt_ids(body, own, config.vocab_size))
         return await run(request, body, settings, prompt_ids, chat=False, param="prompt")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        check_model(body.model)
-        settings = prepare(body, default_max_tokens=config.default_max_tokens)
-        prompt_ids = chat_prompt_ids(body, tokenizer)
+        settings, prompt_ids = await run_in_threadpool(prepare, body, config.default_max_tokens, lambda own: chat_prompt_ids(body, own))
         return await run(request, body, settings, prompt_ids, chat=True, param="messages")
 
-    def prepare(body, default_max_tokens: int) -> DecodeSettings:
+    def prepare(body, default_max_tokens: int, encode) -> tuple[DecodeSettings, list[int]]:
+        """(validated settings, prompt ids) of a request. Runs in the thread pool, off the event
+        loop: scanning a long prompt for surrogates, rendering a chat template and tokenizing
+        (``encode(tokenizer)``, with a tokenizer of the pool) take seconds for a prompt of megabytes."""
+        check_text(body)
+        check_model(body.model)
         settings = resolve_settings(body, config, default_max_tokens)
         try:
             pool.check(settings)
         except ConfigError as error:
             raise bad_request(str(error), "speculative", "invalid_speculative") from error
-        return settings
+        with tokenizers.borrow() as own:
+            return settings, encode(own)
 
     async def run(request: Request, body, settings: DecodeSettings, prompt_ids: list[int], chat: bool, param: str):
         check_context(prompt_ids, settings, config, param)

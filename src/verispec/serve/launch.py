@@ -18,6 +18,14 @@ from verispec.serve.app import ServerConfig, create_app
 from verispec.serve.workers import Worker, WorkerPool
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening (OSError if the port is taken or the host
+    is not this machine's): binding before serving lets the caller report a bad address as such
+    and print the address only once it is really served. IPv6 hosts ("::1") get an IPv6 socket."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
 def build_workers(target_model, draft, tokenizer, workers: int, backend: str = "auto") -> list[Worker]:
     """``workers`` decoding slots over ONE target model (and one draft model): each gets its own
     adapters, hence its own KV caches; the ``torch`` modules and their weights are shared.
@@ -69,9 +77,7 @@ class ServerThread:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, graceful_seconds: float = 10.0):
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host, port))
+        self.socket = listening_socket(host, port)
         self.host, self.port = self.socket.getsockname()[:2]
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=graceful_seconds, lifespan="on")
         self.server = uvicorn.Server(config)

@@ -1,4 +1,13 @@
-"""Prometheus metrics of one server (its own ``CollectorRegistry``: no process-global state)."""
+"""Prometheus metrics of one server (its own ``CollectorRegistry``: no process-global state).
+
+One meaning per label: ``verispec_requests_total{endpoint,status}`` counts HTTP responses by status
+code; ``verispec_errors_total{type}`` counts error responses and failed decodes by error type (the
+error body's ``code``: ``invalid_value``, ``unknown_parameter``, ``request_too_large``, ``not_found``,
+``internal``..., never a status number); ``verispec_cancellations_total{stream}`` counts decodes
+stopped because their client disconnected, streamed or not (not an error); and
+``verispec_stopped_early_total{reason}`` decodes the server itself stopped (``time_limit``,
+``shutdown``).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("verispec_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r)
-        self.errors = Counter("verispec_errors", "error responses and failed decodes by kind", ["kind"], registry=r)
+        self.errors = Counter("verispec_errors", "error responses and failed decodes by error type (the error code)", ["type"], registry=r)
         self.prompt_tokens = Counter("verispec_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.completion_tokens = Counter("verispec_completion_tokens", "generated tokens of finished requests", ["method"], registry=r)
         self.target_calls = Counter("verispec_target_calls", "target forward calls during decoding", ["method"], registry=r)
@@ -36,7 +45,9 @@ class ServerMetrics:
         self.request_seconds = Histogram("verispec_request_seconds", "decode time of finished requests (queue wait excluded)",
                                          ["method"], buckets=SECONDS_BUCKETS, registry=r)
         self.queue_seconds = Histogram("verispec_queue_seconds", "time requests waited in the queue", buckets=SECONDS_BUCKETS, registry=r)
-        self.cancelled = Counter("verispec_cancelled", "decodes stopped early, by reason", ["reason"], registry=r)
+        self.cancellations = Counter("verispec_cancellations", "decodes stopped because the client disconnected",
+                                     ["stream"], registry=r)
+        self.stopped_early = Counter("verispec_stopped_early", "decodes the server stopped: time_limit or shutdown", ["reason"], registry=r)
         depth = Gauge("verispec_queue_depth", "requests waiting for a worker", registry=r)
         depth.set_function(queue_depth)
         busy = Gauge("verispec_busy_workers", "workers decoding a request", registry=r)
@@ -57,14 +68,19 @@ class ServerMetrics:
         self.request_seconds.labels(method).observe(output.seconds)
         self.queue_seconds.observe(event.queue_seconds)
         if event.stop_reason == "time_limit":
-            self.cancelled.labels("time_limit").inc()
+            self.stopped_early.labels("time_limit").inc()
 
-    def record_failed(self, event) -> None:
-        """A ``workers.JobFailed``: cancelled (client gone), shutdown or internal."""
-        if event.kind in ("cancelled", "shutdown"):
-            self.cancelled.labels(event.kind).inc()
-        else:
-            self.errors.labels(event.kind).inc()
+    def record_failed(self, event, stream: bool) -> None:
+        """A ``workers.JobFailed`` of a streamed or plain request: cancelled (client gone),
+        shutdown or internal. The HTTP answer of a shutdown or internal failure is counted in
+        ``errors`` by the app when it is sent; a cancelled one never reaches anybody."""
+        if event.kind == "cancelled":
+            self.cancellations.labels("true" if stream else "false").inc()
+            return
+        if event.kind == "shutdown":
+            self.stopped_early.labels("shutdown").inc()
+        if stream:  # a stream's failure goes out as a data line, past the app's error handlers
+            self.errors.labels("shutting_down" if event.kind == "shutdown" else event.kind).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

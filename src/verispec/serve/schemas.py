@@ -1,23 +1,30 @@
-"""Request bodies of the OpenAI-compatible endpoints (pydantic, strict types).
+"""Request bodies of the OpenAI-compatible endpoints (pydantic, strict types, closed).
 
 Strict: a string where a number belongs ("temperature": "hot", "max_tokens": "5") is a 400, not
-silently converted. Unknown top-level fields are accepted and ignored, as OpenAI clients send
-fields this server does not use (``user``, ``metadata``...); fields that would change the answer
-and are not implemented (logprobs, penalties, n > 1, ...) are refused by ``app.check_unsupported``.
-The ``speculative`` extension object is closed (a misspelt key is a 400).
+silently converted. Closed, as OpenAI's own API is: a field this server does not know (a typo such
+as ``max_token``, at the top level or inside ``speculative``) is a 400 "Unrecognized request argument
+supplied: max_token". Fields of OpenAI's spec are either implemented, accepted and ignored because
+they cannot change the answer (``IGNORED_FIELDS``), or declared here and refused by
+``app.check_unsupported`` with a 400 naming them unless they hold their no-op value
+(``n: 1``, ``logprobs: false``, ``response_format: {"type": "text"}``...).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+CLOSED = ConfigDict(extra="forbid", strict=True)
+
+# OpenAI fields that only label, store or route a request: accepted and ignored.
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls")
 
 
 class SpeculativeOptions(BaseModel):
     """The per-request rule and draft shape, within what the server was started with."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = CLOSED
 
     method: str | None = None
     num_drafts: int | None = None
@@ -26,13 +33,14 @@ class SpeculativeOptions(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = CLOSED
 
     include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream chunks; nothing to pad here
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = CLOSED
 
     model: str
     max_tokens: int | None = None
@@ -48,6 +56,13 @@ class _Common(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     speculative: SpeculativeOptions | None = None
+    # accepted and ignored (IGNORED_FIELDS)
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class CompletionRequest(_Common):
@@ -59,21 +74,21 @@ class CompletionRequest(_Common):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = CLOSED
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = CLOSED
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    # required and non-null: without tools (refused) no message can be empty
+    content: str | list[TextPart]
+    name: str | None = None  # a participant's name: chat templates do not render it
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -84,4 +99,16 @@ class ChatRequest(_Common):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict] | None = None
+    parallel_tool_calls: bool | None = None  # ignored: only matters with tools
+    # OpenAI fields that would change the answer; refused unless they hold their no-op value
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None

@@ -12,8 +12,9 @@ its time limit and the pool's abort flag after every round and stops iterating, 
 request frees its worker within one round.
 
 Torch threads: ``torch.set_num_threads`` is set inside every worker thread (OpenMP's thread count
-is per calling thread) to ``threads_per_worker``, by default ``max(1, cores // workers)`` so that
-N parallel decodes do not oversubscribe the cores.
+is per calling thread) to ``threads_per_worker``, by default ``core.threads.default_threads``: the
+cores this process may use divided among the workers (at least 1), so that N parallel decodes do
+not oversubscribe the cores.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import queue
 import threading
 import time
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verispec.core.threads import default_threads
 from verispec.engine.decoder import GenerationOutput, SpeculativeDecoder
 from verispec.engine.streaming import TextStream
 
@@ -166,7 +167,7 @@ class WorkerPool:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.workers = workers
         self.max_queue = max_queue
-        self.threads_per_worker = threads_per_worker or max(1, (os.cpu_count() or 1) // len(workers))
+        self.threads_per_worker = threads_per_worker or default_threads(len(workers))
         self.on_finished = on_finished
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._lock = threading.Lock()
