@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec.models.default import load_default_tokenizer
-from verispec.serve.app import ServerConfig
+from verispec.serve.requests import ServerConfig
 from verispec.serve.launch import ServerThread, build_server
 
 MODEL = "tiny-test"

@@ -82,7 +82,7 @@ def test_serve_process(tmp_path, tokenizer):
 def test_default_rule_is_checked_at_start(tiny_pair, tokenizer, method, num_drafts, tree, error):
     from verispec.cli.serve import check_default_rule
     from verispec.errors import ConfigError
-    from verispec.serve.app import ServerConfig
+    from verispec.serve.requests import ServerConfig
     from verispec.serve.launch import build_workers
     from verispec.serve.workers import WorkerPool
 

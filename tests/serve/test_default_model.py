@@ -9,7 +9,7 @@ from verispec.cli.generate import load_pair
 from verispec.cli.serve import served_name
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.models.default import encode_prompt
-from verispec.serve.app import ServerConfig
+from verispec.serve.requests import ServerConfig
 from verispec.serve.launch import ServerThread, build_server
 
 QUESTION = "What is the capital of France?"

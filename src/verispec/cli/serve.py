@@ -36,7 +36,7 @@ def add_serve_parser(sub, add_model_flags, int_list) -> None:
                             "never stalls the server)")
 
 
-DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # = serve.app.DEFAULT_MAX_REQUEST_BYTES (not imported: it pulls in torch)
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # = serve.requests.DEFAULT_MAX_REQUEST_BYTES (not imported: it pulls in torch)
 
 
 def served_name(target: str | None) -> str:
@@ -50,7 +50,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from verispec.cli.generate import load_pair
     from verispec.errors import ConfigError
-    from verispec.serve.app import ServerConfig
+    from verispec.serve.requests import ServerConfig
     from verispec.serve.launch import build_server
 
     from verispec.serve.launch import listening_socket
@@ -100,7 +100,7 @@ def check_default_rule(pool, config) -> None:
     from types import SimpleNamespace
 
     from verispec.errors import ConfigError
-    from verispec.serve.app import APIError, resolve_speculative
+    from verispec.serve.requests import APIError, resolve_speculative
     from verispec.serve.workers import DecodeSettings
 
     try:

@@ -14,7 +14,8 @@ import time
 import uvicorn
 
 from verispec.models.hf import HFModelAdapter
-from verispec.serve.app import ServerConfig, create_app
+from verispec.serve.app import create_app
+from verispec.serve.requests import ServerConfig
 from verispec.serve.workers import Worker, WorkerPool
 
 
