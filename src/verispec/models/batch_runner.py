@@ -132,18 +132,21 @@ class BatchedLlamaRunner:
         slot, last = runner.slot, len(self.slots) - 1
         if self.slots[slot] is not runner:
             raise ConfigError(f"slot {slot} is not open on this runner (closed twice?)")
-        if slot in self._requests or last in self._requests:
+        if slot in self._requests:
             raise ConfigError("a slot with a submitted forward cannot be closed before the flush")
-        if slot != last:
+        self._results.pop(slot, None)
+        if slot != last:  # the last slot moves here: its entries, its queued forward or result, its runner
             length = self.lengths[last]
             for cache in self.kv.keys + self.kv.values:
                 cache[slot, :, :length] = cache[last, :, :length]
+            for queue in (self._requests, self._results):
+                if last in queue:
+                    queue[slot] = queue.pop(last)
             moved = self.slots[last]
             moved.slot = slot
             self.slots[slot], self.lengths[slot] = moved, length
         self.slots.pop()
         self.lengths.pop()
-        self._results.pop(last, None)
 
     # ----- forward -------------------------------------------------------------------------
     def submit(self, slot: int, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int) -> None:
@@ -162,6 +165,10 @@ class BatchedLlamaRunner:
         if slot not in self._results:
             raise ConfigError(f"slot {slot} has no flushed forward: submit and flush first")
         return self._results.pop(slot)
+
+    def discard_queued(self) -> None:
+        """Drop every queued forward unrun (the batch was stopped)."""
+        self._requests = {}
 
     @property
     def pending(self) -> int:
