@@ -185,6 +185,7 @@ class BatchDecoder:
             stop=parent.stop if stop is None else stop,
             seed=parent.seed if seed is None else seed,
         )
+        decoder.spec = parent.spec  # the parent's rule object itself (it may be set directly, e.g. a control)
         if isinstance(parent.drafter, NGramDrafter):
             decoder.drafter.model.max_n = parent.drafter.model.max_n
         return decoder
