@@ -11,7 +11,10 @@ and, at B = 1, by ``generate`` itself (today's single-sequence path). Configurat
 per group (their order rotates every repeat), so load drifts hit them alike. Printed per B:
 total tokens/s (all tokens of all groups / their wall time), mean tokens/s per sequence, block
 efficiency, the speedup of default over plain of the same B, and the total throughput relative
-to ``generate`` of one sequence alone: medians over repeats with [min, max].
+to ``generate`` of one sequence alone: medians over repeats with [min, max]; rates also per second
+of the process's CPU time (``time.process_time``), which other processes' load inflates far less
+than wall time on a shared machine. ``--budget N`` adds the default draft with at most N scored
+tokens per forward split evenly between the sequences (``engine.batch.EvenSplit``).
 Greedy outputs are checked against ``generate``'s (differences = float batch-variance flips).
 """
 
@@ -21,10 +24,37 @@ import argparse
 import platform
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import torch
 
-from verispec.cli.generate import DTYPES
+from verispec.cli.generate import DTYPE_CHOICES, resolve_dtype
+
+
+@dataclass
+class Run:
+    """One configuration at one batch size over all prompt groups of one repeat."""
+
+    tokens: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+    sequence_rates: list[float] = field(default_factory=list)
+    block_efficiencies: list[float] = field(default_factory=list)
+
+    def add(self, outputs, wall: float, cpu: float) -> None:
+        self.tokens += sum(o.new_tokens for o in outputs)
+        self.wall += wall
+        self.cpu += cpu
+        self.sequence_rates += [o.new_tokens / o.seconds for o in outputs]
+        self.block_efficiencies += [o.block_efficiency for o in outputs]
+
+    @property
+    def wall_rate(self) -> float:
+        return self.tokens / self.wall
+
+    @property
+    def cpu_rate(self) -> float:
+        return self.tokens / self.cpu
 
 
 def parse_range(text: str) -> list[int]:
@@ -54,16 +84,20 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtype", default="auto", choices=list(DTYPES))
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--budget", type=int, default=0,
+                        help="also run the default draft with at most this many scored tokens per forward, split "
+                             "evenly between the sequences (engine.batch.EvenSplit); 0: not run")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from verispec.bench.datasets import humaneval_prompts
+    from verispec.engine.batch import EvenSplit
     from verispec.engine.decoder import SpeculativeDecoder
     from verispec.models.default import encode_prompt, load_default_target
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     ids = parse_range(args.prompts)
-    model, tokenizer = load_default_target(DTYPES[args.dtype])
+    model, tokenizer = load_default_target(resolve_dtype(args.dtype))
     tasks = humaneval_prompts(limit=max(ids) + 1)
     prompts = [encode_prompt(tokenizer, tasks[i].text) for i in ids]
     common = dict(tokenizer=tokenizer, temperature=0, max_new_tokens=args.tokens, eos_token_id=[])
@@ -73,52 +107,56 @@ def main(argv=None) -> int:
     reference = [default.generate(p).token_ids for p in prompts]
 
     configs = {"plain": plain, "default": default}
+    budgets = {"default": None, "plain": None}
+    if args.budget:
+        configs[f"split{args.budget}"] = default
+        budgets[f"split{args.budget}"] = EvenSplit(args.budget)
     # (B, config) -> per repeat: (total tokens, wall seconds, [per-sequence tok/s], [block efficiency])
-    results: dict[tuple[int, str], list[tuple[int, float, list[float], list[float]]]] = {}
+    runs: dict[tuple[int, str], list[Run]] = {}  # (B, config) -> one Run per repeat
     mismatches = checked = 0
     for repeat in range(args.repeats):
         for size in sizes:
             names = list(configs) + (["generate"] if size == 1 else [])
             names = names[repeat % len(names):] + names[: repeat % len(names)]
-            totals = {name: [0, 0.0, [], []] for name in names}
+            totals = {name: Run() for name in names}
             for group in groups(len(prompts), size):
                 batch = [prompts[i] for i in group]
                 for name in names:
-                    tic = time.perf_counter()
+                    wall, cpu = time.perf_counter(), time.process_time()
                     if name == "generate":
                         outputs = [default.generate(batch[0])]
                     else:
-                        outputs = configs[name].generate_batch(batch)
-                    wall = time.perf_counter() - tic
-                    total = totals[name]
-                    total[0] += sum(o.new_tokens for o in outputs)
-                    total[1] += wall
-                    total[2] += [o.new_tokens / o.seconds for o in outputs]
-                    total[3] += [o.block_efficiency for o in outputs]
+                        outputs = configs[name].generate_batch(batch, budget=budgets[name])
+                    totals[name].add(outputs, time.perf_counter() - wall, time.process_time() - cpu)
                     mismatches += sum(o.token_ids != reference[i] for o, i in zip(outputs, group))
                     checked += len(outputs)
             for name, total in totals.items():
-                results.setdefault((size, name), []).append(tuple(total))
+                runs.setdefault((size, name), []).append(total)
 
     def spread(values):
-        return f"{statistics.median(values):7.2f} [{min(values):.2f}, {max(values):.2f}]"
+        return f"{statistics.median(values):6.2f} [{min(values):.2f}, {max(values):.2f}]"
 
-    solo = [tokens / wall for tokens, wall, _, _ in results[(1, "generate")]]
     print(f"{cpu_name()}, {args.dtype} ({next(model.parameters()).dtype}), {torch.get_num_threads()} thread(s), "
           f"HumanEval {args.prompts}, {args.tokens} tokens, greedy, {args.repeats} repeats, {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"{'B':>2}  {'config':>8}  {'total tok/s':>22}  {'tok/s per seq':>22}  {'BE':>5}  "
-          f"{'vs plain same B':>22}  {'total vs generate B=1':>22}")
+    print("tok/s: wall clock; tok/cpu-s: per second of this process's CPU time (robust to other processes' load)")
+    columns = ["total tok/s", "tok/s per seq", "total tok/cpu-s", "vs plain same B (cpu)", "vs generate (cpu)", "vs generate (wall)"]
+    print(f"{'B':>2}  {'config':>9}  {'BE':>5}  " + "  ".join(f"{c:>21}" for c in columns))
+    solo = runs[(1, "generate")]
     for size in sizes:
         for name in ["generate", *configs] if size == 1 else list(configs):
-            runs = results[(size, name)]
-            total = [tokens / wall for tokens, wall, _, _ in runs]
-            per_seq = [statistics.mean(rates) for _, _, rates, _ in runs]
-            efficiency = statistics.mean(be for _, _, _, bes in runs for be in bes)
-            versus_plain = [t / (p[0] / p[1]) for t, p in zip(total, results[(size, "plain")])]
-            versus_solo = [t / s for t, s in zip(total, solo)]
-            print(f"{size:>2}  {name:>8}  {spread(total):>22}  {spread(per_seq):>22}  {efficiency:5.2f}  "
-                  f"{spread(versus_plain):>22}  {spread(versus_solo):>22}")
-    print(f"greedy outputs differing from generate's: {mismatches} of {checked} sequences decoded")
+            series = runs[(size, name)]
+            efficiency = statistics.mean(be for run in series for be in run.block_efficiencies)
+            cells = [
+                [r.tokens / r.wall for r in series],
+                [statistics.mean(r.sequence_rates) for r in series],
+                [r.tokens / r.cpu for r in series],
+                [r.cpu_rate / p.cpu_rate for r, p in zip(series, runs[(size, "plain")])],
+                [r.cpu_rate / s.cpu_rate for r, s in zip(series, solo)],
+                [r.wall_rate / s.wall_rate for r, s in zip(series, solo)],
+            ]
+            print(f"{size:>2}  {name:>9}  {efficiency:5.2f}  " + "  ".join(f"{spread(c):>21}" for c in cells))
+    print(f"greedy outputs differing from generate's: {mismatches} of {checked} sequences decoded "
+          "(float batch variance: near ties flip with the forward's shape; bf16 flips more than fp32)")
     return 0
 
 

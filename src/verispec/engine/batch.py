@@ -26,7 +26,7 @@ than the context) ends with stop_reason "error" and its message; the others stil
 sequence reaching the context limit stops with "context" as it would alone.
 
 Drafts: the token trees (each sequence its own copy of the decoder's drafter, sharing its
-adjacency table and cost curve) and the n-gram draft batch; draft models and heads do not yet
+adjacency table, acceptance estimates and cost curve) and the n-gram draft batch; draft models and heads do not yet
 (ConfigError). Timing: a sequence's ``seconds`` is the batch's wall time until it finished, and
 each step's ``target_seconds`` the wall time its forward took including the turns of the other
 sequences of that round.
@@ -79,6 +79,23 @@ BudgetPolicy = Callable[[Sequence[SequenceView]], Sequence["int | None"]]
 def drafter_choice(sequences: Sequence[SequenceView]) -> list[None]:
     """The default budget: every sequence's drafter sizes its tree itself."""
     return [None] * len(sequences)
+
+
+@dataclass(frozen=True)
+class EvenSplit:
+    """A fixed number of scored tokens per forward, split evenly: with B sequences each tree has
+    at most ``total // B`` nodes, root included (so ``total // B - 1`` drafted nodes; none once B
+    reaches ``total``, i.e. plain batched decoding). A stand-in until a cost model splits them by
+    expected gain."""
+
+    total: int
+
+    def __post_init__(self):
+        if isinstance(self.total, bool) or int(self.total) != self.total or self.total < 1:
+            raise ConfigError(f"an even split needs a total of >= 1 scored tokens per forward, got {self.total!r}")
+
+    def __call__(self, sequences: Sequence[SequenceView]) -> list[int]:
+        return [max(0, self.total // len(sequences) - 1)] * len(sequences)
 
 
 @dataclass
@@ -138,13 +155,14 @@ class BatchDecoder:
 
     # ----- per-sequence decoders ------------------------------------------------------------
     def _drafter(self):
-        """The sequence's own drafter: a token-tree drafter sharing the decoder's adjacency table,
-        cost curve and (a copy of) its acceptance estimates; the n-gram draft; or none (plain)."""
+        """The sequence's own drafter: a token-tree drafter with its own context index, sharing the
+        decoder's adjacency table, cost curve and acceptance estimates (they describe the target,
+        and learn from every sequence as ``generate`` learns from every prompt; updated in the
+        batch's fixed turn order, so runs stay deterministic); the n-gram draft; or none (plain)."""
         drafter = self.decoder.drafter
         if isinstance(drafter, TokenTreeDrafter):
             own = copy.copy(drafter)
             own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
-            own.estimates = copy.deepcopy(drafter.estimates)
             own._rates = {}
             return own
         return None if drafter is None else "ngram"

@@ -209,7 +209,11 @@ class BatchedLlamaRunner:
         entry_of = torch.tensor([start + i for start, n in zip(starts, sizes) for i in range(n)], device=device)
         uniform = min(sizes) == width  # every request has the same size: (B, N) is a plain view of the packed rows
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-        mask = self._mask(slots, requests, width, end)
+        single = len(slots) == 1  # a batch of one: slice writes, and no mask where the solo runner needs none
+        if single and requests[0].allowed is None and width == 1:
+            mask = None  # one query that sees the whole cache
+        else:
+            mask = self._mask(slots, requests, width, end)
         body = base.model.model
         hidden = body.embed_tokens(torch.tensor([[t for r in requests for t in r.input_ids]], device=device))
         cos, sin = body.rotary_emb(hidden, torch.tensor([[p for r in requests for p in r.positions]], device=device))
@@ -220,8 +224,14 @@ class BatchedLlamaRunner:
             q_proj, k_proj, v_proj, o_proj = linears[:4]
             x = _rms_norm(hidden, layer.input_layernorm)
             q = _rotate(q_proj(x).view(total, heads, head_dim), cos, sin)
-            key_cache[slot_of, :, entry_of] = _rotate(k_proj(x).view(total, kv_heads, head_dim), cos, sin)
-            value_cache[slot_of, :, entry_of] = v_proj(x).view(total, kv_heads, head_dim)
+            k = _rotate(k_proj(x).view(total, kv_heads, head_dim), cos, sin)
+            v = v_proj(x).view(total, kv_heads, head_dim)
+            if single:
+                key_cache[slots[0], :, starts[0] : end] = k.transpose(0, 1)
+                value_cache[slots[0], :, starts[0] : end] = v.transpose(0, 1)
+            else:
+                key_cache[slot_of, :, entry_of] = k
+                value_cache[slot_of, :, entry_of] = v
             if contiguous:
                 keys = key_cache[slots[0] : slots[0] + batch, :, :end]
                 values = value_cache[slots[0] : slots[0] + batch, :, :end]
