@@ -126,8 +126,10 @@ def test_bad_sequences_fail_alone_and_the_others_finish():
     model = tiny_llama(0, vocab_size=VOCAB, max_positions=32).double()
     decoder = make_decoder("qfree-token-tree", model, temperature=0, max_new_tokens=8)
     prompts = [[1, 2, 0], [], [1, 9], [2] * 32, [3] * 28, [0, 1, 2, 3, 0, 1]]
+    one_at_a_time = decoder.generate_batch(prompts, max_new_tokens=[8, 8, 8, 8, 20, 8], max_batch=1)
     outputs = decoder.generate_batch(prompts, max_new_tokens=[8, 8, 8, 8, 20, 8], max_batch=3)
     reasons = [o.stop_reason for o in outputs]
+    assert [(o.stop_reason, o.error) for o in one_at_a_time] == [(o.stop_reason, o.error) for o in outputs]
     assert reasons == ["max_new_tokens", "error", "error", "error", "context", "max_new_tokens"]
     assert "empty prompt" in outputs[1].error
     assert "[0, 4)" in outputs[2].error

@@ -21,7 +21,9 @@ Per sequence, a decoded sequence's law equals its law decoded alone (each rule i
 draft chosen from past information, and the batched forward computes each row's own function:
 exactly in float64, to float rounding in fp32; tests/engine/test_batch_engine.py). Sequences
 join and leave: at most ``max_batch`` decode at once, the others wait and join as sequences
-finish. A sequence whose input is bad (empty prompt, ids outside the vocabulary, a prompt longer
+finish. A batch of one sequence (one prompt, or ``max_batch`` 1) without a budget runs the
+single-sequence path itself (the decoder's own adapter and runner, no threads): it costs what
+``generate`` costs. A sequence whose input is bad (empty prompt, ids outside the vocabulary, a prompt longer
 than the context) ends with stop_reason "error" and its message; the others still finish. A
 sequence reaching the context limit stops with "context" as it would alone.
 
@@ -149,7 +151,10 @@ class BatchDecoder:
                               "use generate per prompt to record rounds")
         self.decoder = decoder
         self.max_batch = int(max_batch)
-        self.runner = BatchedLlamaRunner(decoder.target.runner, initial_slots=min(self.max_batch, 8))
+        # checked here, allocated at the first batch with as many slots as it runs at once
+        self._base_runner = decoder.target.runner
+        BatchedLlamaRunner.check_base(self._base_runner)
+        self.runner: BatchedLlamaRunner | None = None
         self._lock = threading.Semaphore(0)  # the scheduler's turn
         self._aborted = False
 
@@ -182,10 +187,10 @@ class BatchDecoder:
             drafter.calibrate(self.decoder.target)
             return
 
-    def _sequence_decoder(self, seq: _Sequence, seed, max_new_tokens, temperature, stop) -> SpeculativeDecoder:
+    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop) -> SpeculativeDecoder:
+        """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``."""
         parent = self.decoder
         params, draft_params = parent.params, parent.draft_params
-        adapter = HFModelAdapter(parent.target.model, runner=seq.slot)
         decoder = SpeculativeDecoder(
             adapter,
             self._drafter(),
@@ -238,7 +243,7 @@ class BatchDecoder:
     def _start(self, seq: _Sequence, settings) -> None:
         seq.slot = self.runner.open(wait=lambda: self._pause(seq))
         try:
-            seq.decoder = self._sequence_decoder(seq, *settings)
+            seq.decoder = self._sequence_decoder(HFModelAdapter(self.decoder.target.model, runner=seq.slot), *settings)
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
@@ -286,7 +291,12 @@ class BatchDecoder:
         rngs = _per_sequence(rngs, count, "rngs")
         if budget is not None and not isinstance(self.decoder.drafter, TokenTreeDrafter):
             raise ConfigError("a per-round budget applies to the token-tree draft only for now; drop budget=")
+        settings = list(zip(seeds, limits, temperatures, stops))
+        if budget is None and (count == 1 or self.max_batch == 1):
+            return [self._decode_alone(prompt, rng, setting) for prompt, rng, setting in zip(prompts, rngs, settings)]
         budget = budget or drafter_choice
+        if self.runner is None:  # KV buffers of max_batch slots would be zero-filled for nothing when fewer run
+            self.runner = BatchedLlamaRunner(self._base_runner, initial_slots=min(self.max_batch, count))
         self._calibrate(prompts)
         self._aborted = False
         sequences = [_Sequence(i, prompt, rng=rngs[i]) for i, prompt in enumerate(prompts)]
@@ -297,7 +307,7 @@ class BatchDecoder:
             while waiting or running:
                 while waiting and len(running) < self.max_batch:
                     seq = waiting.pop(0)
-                    self._start(seq, (seeds[seq.index], limits[seq.index], temperatures[seq.index], stops[seq.index]))
+                    self._start(seq, settings[seq.index])
                     running.append(seq)
                 self._apply_budget(budget, running)
                 for seq in running:
@@ -315,6 +325,18 @@ class BatchDecoder:
             raise
         seconds = time.perf_counter() - start
         return [self._output(seq, seconds) for seq in sequences]
+
+    def _decode_alone(self, prompt, rng, setting) -> BatchGenerationOutput:
+        """One sequence at a time: the single-sequence path itself (the decoder's own target
+        adapter and runner), so a batch of one costs what ``generate`` costs."""
+        seq = _Sequence(0, prompt, rng=rng)
+        start = time.perf_counter()
+        try:
+            seq.decoder = self._sequence_decoder(self.decoder.target, *setting)
+            seq.output = seq.decoder.generate(prompt, rng=rng)
+        except ConfigError as error:
+            seq.error = str(error)
+        return self._output(seq, time.perf_counter() - start)
 
     def _apply_budget(self, budget: BudgetPolicy, running: list[_Sequence]) -> None:
         live = [s for s in running if not s.done and s.decoder is not None and s.decoder.drafter is not None]

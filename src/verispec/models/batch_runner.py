@@ -88,11 +88,7 @@ class BatchedLlamaRunner:
     """Forward of several sequences at once over a slotted KV cache, with ``base``'s weights."""
 
     def __init__(self, base: NativeLlamaRunner, initial_slots: int = 4, initial_capacity: int = MIN_CAPACITY):
-        if not isinstance(base, NativeLlamaRunner):
-            raise ConfigError(
-                f"batched decoding runs on the native Llama runner; this target runs on {type(base).__name__} "
-                "(the transformers forward cannot batch yet): use a Llama-architecture target with backend 'auto' or 'native'"
-            )
+        self.check_base(base)
         self.base = base
         self.initial_capacity = int(initial_capacity)
         self.kv = self._buffers(max(1, int(initial_slots)))
@@ -100,6 +96,15 @@ class BatchedLlamaRunner:
         self.slots: list[SlotRunner] = []  # open slots, slot i at index i
         self._requests: dict[int, _Request] = {}
         self._results: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def check_base(base) -> None:
+        """ConfigError unless ``base`` is a runner whose weights this runner can batch."""
+        if not isinstance(base, NativeLlamaRunner):
+            raise ConfigError(
+                f"batched decoding runs on the native Llama runner; this target runs on {type(base).__name__} "
+                "(the transformers forward cannot batch yet): use a Llama-architecture target with backend 'auto' or 'native'"
+            )
 
     def _buffers(self, slots: int) -> KVBuffers:
         base = self.base
