@@ -79,6 +79,7 @@ def tolerance(memo, prompt, params) -> float:
     return 4 * NUM_TOKENS * max(delta, 1e-16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_batch_law_equals_solo_law_and_target_law(case):
     model = tiny_target()
@@ -92,6 +93,7 @@ def test_batch_law_equals_solo_law_and_target_law(case):
     assert max_abs_difference(law, reference) < tolerance(memo, PROMPTS[1], params)
 
 
+@pytest.mark.slow
 def test_a_lossy_rule_is_caught_by_the_batch_law():
     """Negative control: the test's comparison with the target's law detects a lossy rule
     (GBV-mod without its modification) decoded in a batch."""
