@@ -366,6 +366,13 @@ class SpeculativeDecoder(TextDecoding):
                 f"{self.target.vocab_size}; speculative decoding needs one shared tokenizer/vocabulary"
             )
 
+    def generate_batch(self, prompts, max_batch: int = 8, **options) -> list:
+        """Decode several prompts together, one target forward per round for all of them, at most
+        ``max_batch`` at once; options and outputs as ``engine.batch.BatchDecoder.generate``."""
+        from verispec.engine.batch import BatchDecoder
+
+        return BatchDecoder(self, max_batch=max_batch).generate(prompts, **options)
+
     # ----- configuration checks ----------------------------------------------------------
     def _check_shape(self, num_drafts, draft_len, tree):
         for name, value, limit in (("num_drafts (K)", num_drafts, MAX_DRAFTS), ("draft_len (L)", draft_len, MAX_DRAFT_LEN)):

@@ -248,12 +248,14 @@ class HFModelAdapter:
     ``extend`` of a round must start with the root (token = pending root or -1, parent = -1).
     """
 
-    def __init__(self, model, device: str | torch.device | None = None, backend: str = "auto"):
+    def __init__(self, model, device: str | torch.device | None = None, backend: str = "auto", runner=None):
+        """runner: the forward to use instead of ``make_runner(model, backend)`` (the batched
+        engine gives each sequence a slot of one shared ``models.batch_runner.BatchedLlamaRunner``)."""
         if device is not None:
             model = model.to(device)
         model.eval()
         self.model = model
-        self.runner = make_runner(model, backend)
+        self.runner = make_runner(model, backend) if runner is None else runner
         self.backend = "native" if not isinstance(self.runner, TransformersRunner) else "transformers"
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

@@ -18,12 +18,13 @@ MIN_CAPACITY = 256  # entries allocated at first; doubled whenever more are need
 
 
 class KVBuffers:
-    """Keys and values of ``num_layers`` attention layers, each (1, num_kv_heads, capacity, head_dim)
-    in the dtype and on the device of ``like`` (zeros until written). No buffer exists before the
-    first ``reserve``."""
+    """Keys and values of ``num_layers`` attention layers, each (slots, num_kv_heads, capacity,
+    head_dim) in the dtype and on the device of ``like`` (zeros until written). No buffer exists
+    before the first ``reserve``. ``slots`` > 1: one cache region per sequence of a batch
+    (``models.batch_runner``)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, like: torch.Tensor,
-                 min_capacity: int = MIN_CAPACITY):
+                 min_capacity: int = MIN_CAPACITY, slots: int = 1):
         if min_capacity < 1:
             raise ValueError(f"min_capacity must be >= 1, got {min_capacity}")
         self.num_layers = int(num_layers)
@@ -31,6 +32,7 @@ class KVBuffers:
         self.head_dim = int(head_dim)
         self.like = like
         self.min_capacity = int(min_capacity)
+        self.slots = int(slots)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
@@ -48,7 +50,7 @@ class KVBuffers:
         capacity = max(self.min_capacity, capacity)
         while capacity < needed:
             capacity *= 2
-        shape = (1, self.num_kv_heads, capacity, self.head_dim)
+        shape = (self.slots, self.num_kv_heads, capacity, self.head_dim)
         new_keys = [self.like.new_zeros(shape) for _ in range(self.num_layers)]
         new_values = [self.like.new_zeros(shape) for _ in range(self.num_layers)]
         with torch.no_grad():

@@ -102,10 +102,19 @@ def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on x (1, heads, n, head_dim) with cos/sin (1, 1, n, head_dim), as transformers' rotate_half."""
+    """RoPE on x (1, heads, n, head_dim) with cos/sin (1, 1, n, head_dim), as transformers' rotate_half
+    (any shapes that broadcast, head_dim last: the batched runner passes (n, heads, head_dim))."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def mlp_residual(hidden: torch.Tensor, layer, linears) -> torch.Tensor:
+    """hidden + the decoder layer's SiLU MLP of its post-attention norm (``linears``: the layer's
+    seven ``_Linear``, MLP last)."""
+    gate_proj, up_proj, down_proj = linears[4:]
+    x = _rms_norm(hidden, layer.post_attention_layernorm)
+    return hidden + down_proj(F.silu(gate_proj(x)) * up_proj(x))
 
 
 class NativeLlamaRunner:
@@ -197,7 +206,7 @@ class NativeLlamaRunner:
         for index, (layer, linears, key_cache, value_cache) in enumerate(zip(self.layers, self.linears, self.kv.keys, self.kv.values)):
             if capture is not None and index in capture:
                 captured[index] = hidden[0]  # the input of decoder layer ``index`` = HF hidden_states[index]
-            q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj = linears
+            q_proj, k_proj, v_proj, o_proj = linears[:4]
             x = _rms_norm(hidden, layer.input_layernorm)
             q = q_proj(x).view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
             k = k_proj(x).view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -210,12 +219,15 @@ class NativeLlamaRunner:
                 enable_gqa=self.num_heads != self.num_kv_heads,
             )
             hidden = hidden + o_proj(out.transpose(1, 2).reshape(1, n, self.num_heads * self.head_dim))
-            x = _rms_norm(hidden, layer.post_attention_layernorm)
-            hidden = hidden + down_proj(F.silu(gate_proj(x)) * up_proj(x))
+            hidden = mlp_residual(hidden, layer, linears)
         self.length = end
         if capture is not None:
             self.last_features = torch.cat([captured[i] for i in capture], dim=-1)
-        hidden = _rms_norm(hidden[:, -keep:], body.norm)
+        return self.output_logits(hidden[:, -keep:])
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and output layer on hidden states (1, k, hidden): float32 CPU logits (k, V)."""
+        hidden = _rms_norm(hidden, self.model.model.norm)
         head = self.model.lm_head
         if self.head is None or head._forward_hooks or head._forward_pre_hooks:
             logits = head(hidden)  # a module call: its hooks fire (and a non-Linear head works)
