@@ -14,6 +14,16 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def draft_len_arg(text: str) -> int | None:
+    """-L: an integer (fixed every round) or "auto" (None: chosen per round for chain rules)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-L must be an integer or 'auto', got {text!r}") from None
+
+
 def _add_sampling_flags(parser: argparse.ArgumentParser, default_temperature: float = 1.0) -> None:
     parser.add_argument("--temperature", type=float, default=default_temperature, help=f"0 = greedy (default {default_temperature})")
     parser.add_argument("--top-k", type=int, default=0, help="0 disables (default)")
@@ -46,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="registry name (verispec methods) or 'ar' for plain sampling (default: qfree with the "
                           "token-tree draft, sd with any other draft)")
     gen.add_argument("-K", "--num-drafts", type=int, default=1)
-    gen.add_argument("-L", "--draft-len", type=int, default=4)
+    gen.add_argument("-L", "--draft-len", type=draft_len_arg, default=None,
+                     help="draft length, or 'auto' (default): chosen per round for chain rules (sd, bv, ...), 4 otherwise")
     gen.add_argument("--tree", type=_int_list, default=None, help="children per depth for tree methods, e.g. 2,2,1")
     _add_sampling_flags(gen)
     gen.add_argument("--max-new-tokens", type=int, default=128)
@@ -68,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(demo)
     demo.add_argument("--method", default=None, help="default: qfree with the token-tree draft, sd with any other")
     demo.add_argument("-K", "--num-drafts", type=int, default=1)
-    demo.add_argument("-L", "--draft-len", type=int, default=4)
+    demo.add_argument("-L", "--draft-len", type=draft_len_arg, default=None, help="draft length or 'auto' (default)")
     demo.add_argument("--prompts", type=int, default=3, help="number of HumanEval prompts")
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--seed", type=int, default=0)
