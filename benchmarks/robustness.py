@@ -93,9 +93,12 @@ def held_out_prompts(limit: int | None, per_category: int, spec_bench: str):
     for prompt in prompts:
         if prompt.category != "humaneval" and len(by_category[prompt.category]) < per_category:
             by_category[prompt.category].append(prompt)
-    spec_bench = []  # round-robin over the categories, so a small --limit still spans several
+    # round-robin over the categories, Spec-Bench's own (16 held-out prompts each: translation,
+    # summarization, qa, math_reasoning, rag) before MT-bench's, so a small --limit still spans several
+    groups = sorted(by_category.values(), key=lambda group: -sum(1 for p in prompts if p.category == group[0].category))
+    spec_bench = []
     for depth in range(per_category):
-        spec_bench += [group[depth] for group in by_category.values() if depth < len(group)]
+        spec_bench += [group[depth] for group in groups if depth < len(group)]
     if limit is not None:
         humaneval, spec_bench = humaneval[:limit], spec_bench[:limit]
     return humaneval + spec_bench
@@ -234,12 +237,13 @@ def summary(condition: Condition) -> dict:
 def print_condition(condition: Condition) -> dict:
     load = "with a CPU-bound process on core 0" if condition.load else "no load of its own"
     print(f"\n## threads {condition.threads}, T = {condition.temperature}, {load}")
-    print(f"{'prompt':<18} {'category':<15} {'tokens':>6} {'plain t/s':>9} {'default t/s':>11} {'ratio':>6} {'BE':>5} {'root-only':>9}")
+    print(f"{'prompt':<18} {'category':<15} {'tokens*':>7} {'plain t/s':>9} {'default t/s':>11} {'ratio':>6} {'BE':>5} {'root-only':>9}")
     for r in condition.records:
-        print(f"{r.prompt_id:<18} {r.category:<15} {r.default_tokens:>6} {r.plain_tokens / r.plain_seconds:>9.2f} "
+        print(f"{r.prompt_id:<18} {r.category:<15} {r.default_tokens:>7} {r.plain_tokens / r.plain_seconds:>9.2f} "
               f"{r.default_tokens / r.default_seconds:>11.2f} {r.ratio:>6.3f} {r.default_tokens / r.target_calls:>5.2f} "
               f"{r.root_only_rounds / max(1, r.rounds):>9.0%}")
     result = summary(condition)
+    print("  * tokens of all repeats of the default (plain emits the same number at T = 0)")
     for category, ratio in result["per_category"].items():
         print(f"  category {category:<15} geometric mean ratio {ratio:.3f}")
     worst = result["worst"]
