@@ -8,6 +8,7 @@ be that of a fixed L."""
 from unittest import mock
 
 import numpy as np
+import torch
 import pytest
 
 from tests.engine.test_engine_exact_law import engine_error, tolerance
@@ -62,3 +63,46 @@ def test_a_policy_that_reads_the_current_draws_is_caught():
     with mock.patch.object(SpeculativeDecoder, "_draft", redraft_unlikely):
         error, _ = engine_error(case)
     assert error > 1e3 * tolerance(case)
+
+
+def _fresh_row(kind, draft, sequence):
+    """The draft's q(. | sequence) computed from scratch (greedy-processed at temperature 1)."""
+    from tests.engine.test_head_drafter import recompute_row
+    from verispec.core.sampling import SamplingParams, logits_to_probs
+
+    params = SamplingParams(1.0, 0, 1.0)
+    if kind == "head":
+        target, head = draft
+        return recompute_row(head, target, list(sequence), [], params)
+    with torch.no_grad():
+        return logits_to_probs(draft(torch.tensor([list(sequence)])).logits[0, -1:], params)[0]
+
+
+@pytest.mark.parametrize("kind", ["ngram", "model", "head"])
+def test_drafters_stay_in_sync_across_plain_rounds(kind):
+    """L = 0 rounds (the policy's plain rounds) tell the drafter the emitted token: after a run that
+    mixes them with L = 2 rounds, the drafter holds the emitted sequence and its next q equals a
+    from-scratch computation over it, and the greedy text is plain decoding's."""
+    from tests.engine.test_head_drafter import pair
+    from tests.engine.tiny import tiny_llama
+
+    target, head = pair()
+    draft = {"ngram": "ngram", "model": tiny_llama(5, vocab_size=8, layers=1), "head": head}[kind]
+    prompt = [1, 5, 2, 7, 3, 0]
+    costs = FixedCosts()
+    decoder = SpeculativeDecoder(
+        target, draft, method="sd", max_draft_len=2, temperature=0, draft_temperature=1.0, max_new_tokens=40,
+        eos_token_id=[], cost_model=costs,
+    )
+    output = decoder.generate(prompt)
+    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=40, eos_token_id=[]).generate(prompt)
+    assert output.token_ids == plain.token_ids
+    lengths = [step.policy.draft_len for step in output.steps]
+    assert any(a == 0 and b > 0 for a, b in zip(lengths, lengths[1:]))  # drafting resumed after a plain round
+    # the drafter's committed sequence: the emitted tokens, plus those the max_new_tokens cut dropped
+    committed = {"ngram": lambda d: d.model.context.tolist(), "model": lambda d: d.adapter.tokens(), "head": lambda d: d._tokens}
+    sequence = [int(t) for t in committed[kind](decoder.drafter)]
+    assert sequence[: len(prompt) + 40] == prompt + output.token_ids
+    if kind != "ngram":
+        row = decoder.drafter.begin_round()(())
+        np.testing.assert_allclose(row, _fresh_row(kind, (target, head) if kind == "head" else draft, sequence), atol=1e-4)
