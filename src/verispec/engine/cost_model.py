@@ -44,6 +44,7 @@ PRIOR_ROUND_OVERHEAD = 0.01
 PRIOR_SPECULATION_OVERHEAD = 0.01
 PRIOR_NODE_OVERHEAD = 0.002
 _PRIOR_CURVE = CostCurve(overhead=0.0)
+_PRIOR_TABLE = _PRIOR_CURVE.table(4096)  # computed once: the model reads it for every reading
 TINY_SECONDS = 1e-9  # a reading of 0 s (a coarse clock) is taken as this, so its log is finite
 
 
@@ -56,13 +57,24 @@ def prior_shape(sizes) -> np.ndarray:
     """Prior cost of one forward over ``sizes`` tokens relative to one token: the shipped
     ``CostCurve`` (``DEFAULT_COST_POINTS``, interpolated) without its overhead."""
     sizes = np.asarray(sizes, dtype=int)
-    return _PRIOR_CURVE.table(int(sizes.max(initial=1)))[sizes - 1]
+    largest = int(sizes.max(initial=1))
+    table = _PRIOR_TABLE if largest <= _PRIOR_TABLE.size else _PRIOR_CURVE.table(largest)
+    return table[sizes - 1]
 
 
-def prior_overhead_shape(sizes: np.ndarray) -> np.ndarray:
+def prior_overhead_shape(sizes) -> np.ndarray:
     """Prior drafting + verification time of a round scoring ``sizes`` tokens, relative to one token."""
-    sizes = np.asarray(sizes, dtype=float)
-    return PRIOR_ROUND_OVERHEAD + np.where(sizes > 1, PRIOR_SPECULATION_OVERHEAD, 0.0) + PRIOR_NODE_OVERHEAD * (sizes - 1)
+    return np.array([_prior_overhead_of(int(n)) for n in np.ravel(sizes)]).reshape(np.shape(sizes))
+
+
+def _prior_of(n: int) -> float:
+    """``prior_shape`` of one size, as a float (the per-reading loops stay in plain Python)."""
+    return float(_PRIOR_TABLE[n - 1]) if n <= _PRIOR_TABLE.size else float(prior_shape(n))
+
+
+def _prior_overhead_of(n: int) -> float:
+    """Prior drafting + verification time of a round scoring n tokens, relative to one token."""
+    return PRIOR_ROUND_OVERHEAD + (PRIOR_SPECULATION_OVERHEAD if n > 1 else 0.0) + PRIOR_NODE_OVERHEAD * (n - 1)
 
 
 @dataclass
@@ -98,7 +110,7 @@ class OnlineCostModel:
         self.buckets = size_bucket(max_tokens) + 1
         self.target_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]  # (n, seconds)
         self.overhead_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]
-        self._cache: dict[int, np.ndarray] = {}
+        self._estimates: tuple[float, np.ndarray, np.ndarray] | None = None  # unit, ratios; reset by record
 
     # ----- feeding ----------------------------------------------------------------------------
     def record(self, scored_tokens: int, target_seconds: float, overhead_seconds: float) -> None:
@@ -109,7 +121,7 @@ class OnlineCostModel:
         bucket = min(size_bucket(scored_tokens), self.buckets - 1)
         self.target_readings[bucket].append((int(scored_tokens), max(float(target_seconds), TINY_SECONDS)))
         self.overhead_readings[bucket].append((int(scored_tokens), max(float(overhead_seconds), TINY_SECONDS)))
-        self._cache = {}
+        self._estimates = None
 
     @property
     def readings(self) -> int:
@@ -118,7 +130,7 @@ class OnlineCostModel:
     # ----- estimates --------------------------------------------------------------------------
     def unit_seconds(self) -> float:
         """Seconds of a one-token target forward (1.0 before any reading: relative units)."""
-        implied = [s / float(prior_shape(n)) for bucket in self.target_readings[1:] for n, s in bucket]
+        implied = [s / _prior_of(n) for bucket in self.target_readings[1:] for n, s in bucket]
         plain = [s for _, s in self.target_readings[0]]
         if not plain and not implied:
             return 1.0
@@ -131,7 +143,7 @@ class OnlineCostModel:
         ratios = np.full(self.buckets, np.nan)
         for bucket, found in enumerate(readings):
             if found:
-                logs = [math.log(s / (unit * float(shape(n)))) for n, s in found]
+                logs = [math.log(s / (unit * shape(n))) for n, s in found]
                 ratios[bucket] = median(logs + [0.0] * self.prior_weight)
         return ratios
 
@@ -144,22 +156,23 @@ class OnlineCostModel:
         index = np.arange(ratios.size)
         return np.interp(index, observed, ratios[observed])  # constant beyond the outermost ones
 
+    def _current(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """(unit, target log ratios, overhead log ratios) per bucket, recomputed after a reading."""
+        if self._estimates is None:
+            unit = self.unit_seconds()
+            target_ratio = self._fill(self._log_ratios(self.target_readings, _prior_of, unit))
+            target_ratio[0] = 0.0  # bucket 0 is the unit itself
+            overhead_ratio = self._fill(self._log_ratios(self.overhead_readings, _prior_overhead_of, unit))
+            self._estimates = (unit, target_ratio, overhead_ratio)
+        return self._estimates
+
     def table(self, n_max: int) -> np.ndarray:
         """Predicted seconds of a round scoring n = 1..n_max tokens (target forward + overhead),
         shape (n_max,); in units of a one-token forward before any reading."""
-        n_max = int(n_max)
-        cached = self._cache.get(n_max)
-        if cached is not None:
-            return cached
-        unit = self.unit_seconds()
-        sizes = np.arange(1, n_max + 1)
-        buckets = np.minimum([size_bucket(n) for n in sizes], self.buckets - 1)
-        target_ratio = self._fill(self._log_ratios(self.target_readings, prior_shape, unit))
-        target_ratio[0] = 0.0  # bucket 0 is the unit itself
-        overhead_ratio = self._fill(self._log_ratios(self.overhead_readings, prior_overhead_shape, unit))
-        seconds = unit * (prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
-        self._cache[n_max] = seconds
-        return seconds
+        unit, target_ratio, overhead_ratio = self._current()
+        sizes = np.arange(1, int(n_max) + 1)
+        buckets = np.minimum(np.ceil(np.log2(sizes)).astype(int), self.buckets - 1)  # size_bucket, vectorised
+        return unit * (prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
 
     def round_seconds(self, scored_tokens: int) -> float:
         """Predicted seconds of a round scoring ``scored_tokens`` tokens."""
