@@ -19,9 +19,12 @@ def draft_len_arg(text: str) -> int | None:
     if text.strip().lower() == "auto":
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"-L must be an integer or 'auto', got {text!r}") from None
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"-L must be an integer >= 1 or 'auto', got {text!r}")
+    return value
 
 
 def _add_sampling_flags(parser: argparse.ArgumentParser, default_temperature: float = 1.0) -> None:
