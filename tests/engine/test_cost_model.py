@@ -161,3 +161,13 @@ def test_default_draft_len_is_chosen_per_round_for_chain_rules_only():
     for method, kwargs in (("gbv-mod", {}), ("spectr", {"num_drafts": 2})):  # windows need the full L; K paths keep L
         decoder = SpeculativeDecoder(target, "ngram", method=method, **kwargs)
         assert not decoder.adaptive_draft_len and decoder.draft_len == 4
+
+
+def test_cli_draft_len_is_auto_by_default():
+    from verispec.cli.main import build_parser
+
+    parse = lambda *flags: build_parser().parse_args(["generate", "hi", *flags]).draft_len  # noqa: E731
+    assert parse() is None and parse("-L", "auto") is None and parse("-L", "3") == 3
+    for bad in ("0", "x"):
+        with pytest.raises(SystemExit):
+            parse("-L", bad)
