@@ -19,7 +19,9 @@ adjacency table and a cost model at its prior, as a new ``verispec generate`` pr
 keeps one decoder per configuration for the whole condition (a server).
 
 Printed per condition: per prompt tokens/s of both and the ratio default / plain (total tokens over
-total seconds of its repeats), the default's block efficiency and share of root-only rounds; per
+total seconds of its repeats), the same ratio without the prefill ("decode": the fair one when
+the texts differ in length, at T > 0 with draws that depend on the draft), the default's block
+efficiency and share of root-only rounds; per
 category the geometric mean of its prompts' ratios; overall the geometric mean of the per-prompt
 ratios and the total-time ratio (all plain seconds per token over all default seconds per token);
 the worst prompt.
@@ -60,8 +62,10 @@ class RunRecord:
     category: str
     plain_tokens: int = 0
     plain_seconds: float = 0.0
+    plain_prefill_seconds: float = 0.0
     default_tokens: int = 0
     default_seconds: float = 0.0
+    default_prefill_seconds: float = 0.0
     target_calls: int = 0
     rounds: int = 0
     root_only_rounds: int = 0
@@ -74,6 +78,13 @@ class RunRecord:
     @property
     def ratio(self) -> float:
         return (self.default_tokens / self.default_seconds) / (self.plain_tokens / self.plain_seconds)
+
+    @property
+    def decode_ratio(self) -> float:
+        """The same without the prefill: what matters when the two texts differ in length (T > 0
+        with draws that depend on the draft), where the prefill is spread over different counts."""
+        plain = self.plain_tokens / (self.plain_seconds - self.plain_prefill_seconds)
+        return self.default_tokens / (self.default_seconds - self.default_prefill_seconds) / plain
 
 
 @dataclass
@@ -196,10 +207,12 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
                     output = plain.generate(ids)
                     record.plain_tokens += output.new_tokens
                     record.plain_seconds += output.seconds
+                    record.plain_prefill_seconds += output.prefill_seconds
                     continue
                 output, trees = run_default(default, ids, index)
                 record.default_tokens += output.new_tokens
                 record.default_seconds += output.seconds
+                record.default_prefill_seconds += output.prefill_seconds
                 record.target_calls += output.target_calls
                 record.rounds += len(output.steps)
                 record.root_only_rounds += output.root_only_rounds
@@ -226,6 +239,7 @@ def summary(condition: Condition) -> dict:
     return {
         "per_category": {c: geometric_mean(v) for c, v in categories.items()},
         "geomean_ratio": geometric_mean(r.ratio for r in records),
+        "geomean_decode_ratio": geometric_mean(r.decode_ratio for r in records),
         "total_time_ratio": plain_rate / default_rate,
         "worst": (worst.prompt_id, worst.category, worst.ratio),
         "oracle_fraction": policy / oracle,
@@ -237,17 +251,19 @@ def summary(condition: Condition) -> dict:
 def print_condition(condition: Condition) -> dict:
     load = "with a CPU-bound process on core 0" if condition.load else "no load of its own"
     print(f"\n## threads {condition.threads}, T = {condition.temperature}, {load}")
-    print(f"{'prompt':<18} {'category':<15} {'tokens*':>7} {'plain t/s':>9} {'default t/s':>11} {'ratio':>6} {'BE':>5} {'root-only':>9}")
+    print(f"{'prompt':<18} {'category':<15} {'tokens*':>11} {'plain t/s':>9} {'default t/s':>11} {'ratio':>6} "
+          f"{'decode':>6} {'BE':>5} {'root-only':>9}")
     for r in condition.records:
-        print(f"{r.prompt_id:<18} {r.category:<15} {r.default_tokens:>7} {r.plain_tokens / r.plain_seconds:>9.2f} "
-              f"{r.default_tokens / r.default_seconds:>11.2f} {r.ratio:>6.3f} {r.default_tokens / r.target_calls:>5.2f} "
-              f"{r.root_only_rounds / max(1, r.rounds):>9.0%}")
+        print(f"{r.prompt_id:<18} {r.category:<15} {f'{r.plain_tokens}/{r.default_tokens}':>11} {r.plain_tokens / r.plain_seconds:>9.2f} "
+              f"{r.default_tokens / r.default_seconds:>11.2f} {r.ratio:>6.3f} {r.decode_ratio:>6.3f} "
+              f"{r.default_tokens / r.target_calls:>5.2f} {r.root_only_rounds / max(1, r.rounds):>9.0%}")
     result = summary(condition)
-    print("  * tokens of all repeats of the default (plain emits the same number at T = 0)")
+    print("  * tokens of all repeats, plain/default (equal at T = 0); ratio: tokens/s incl. prefill, decode: without it")
     for category, ratio in result["per_category"].items():
         print(f"  category {category:<15} geometric mean ratio {ratio:.3f}")
     worst = result["worst"]
-    print(f"  overall: geometric mean of per-prompt ratios {result['geomean_ratio']:.3f}, total-time ratio "
+    print(f"  overall: geometric mean of per-prompt ratios {result['geomean_ratio']:.3f} (decode only "
+          f"{result['geomean_decode_ratio']:.3f}), total-time ratio "
           f"{result['total_time_ratio']:.3f}; worst prompt {worst[0]} ({worst[1]}) {worst[2]:.3f}")
     print(f"  policy vs oracle (same candidates, same cost table, best size in hindsight per round): "
           f"{result['oracle_fraction']:.1%} of its tokens per second; root-only rounds {result['root_only_share']:.0%}; "
