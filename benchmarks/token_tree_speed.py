@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     plain = SpeculativeDecoder(target, None, method="ar", **common)
     tree = SpeculativeDecoder(target, **common)
     warm = encode_prompt(tokenizer, "Write a Python function that adds two numbers.")
-    tree.generate(warm)  # measures the cost curve; first-call allocations stay out of the numbers
+    tree.generate(warm)  # first readings of the online cost model; first-call allocations stay out of the numbers
     plain.generate(warm)
     configs = [c for c in CONFIGS if not (args.no_lookup and c == "lookup")]
     if "lookup" in configs:
@@ -105,9 +105,10 @@ def main(argv=None) -> int:
     prompts = load_prompts(args)
     records = []
     rounds = defaultdict(float)
+    costs = tree.cost_model.table(32)  # learned online from the warm-up's rounds
     print(f"# dtype {dtype_name}, threads {args.threads}, T={args.temperature}, {len(prompts)} prompts x "
-          f"{args.repeats} repeats, max {args.max_new_tokens} new tokens; cost curve "
-          f"{[(n, round(c, 2)) for n, c in tree.drafter.cost.points]}", flush=True)
+          f"{args.repeats} repeats, max {args.max_new_tokens} new tokens; round cost (x one token, after warm-up) "
+          f"{[(n, round(float(costs[n - 1] / costs[0]), 2)) for n in (1, 4, 8, 16, 32)]}", flush=True)
     for repeat in range(args.repeats):
         for index, (prompt_id, category, text) in enumerate(prompts):
             ids = encode_prompt(tokenizer, text)

@@ -90,6 +90,15 @@ def decode_and_print(decoder, prompt_ids, stream: bool):
     return output
 
 
+def _policy_note(output) -> str:
+    """How many rounds the size policy made plain (root only), when a policy chose the sizes."""
+    decided = [step.policy for step in output.steps if step.policy is not None]
+    if not decided:
+        return ""
+    probes = sum(policy.probe for policy in decided)
+    return f", {output.root_only_rounds}/{len(decided)} rounds root-only" + (f", {probes} probes" if probes else "")
+
+
 def prepare_output_file(path: str | None) -> None:
     """Create the parent directory of an output file (e.g. --stats-json) before any generation,
     so that a bad path fails in a second, not after the whole run."""
@@ -126,7 +135,7 @@ def run_generate(args) -> int:
     print(
         f"[{output.method} draft={_draft_name(decoder)} K={output.num_drafts} L={output.draft_len}] {output.new_tokens} tokens, "
         f"{output.target_calls} target calls, block efficiency {output.block_efficiency:.2f}, "
-        f"{output.tokens_per_second:.1f} tokens/s",
+        f"{output.tokens_per_second:.1f} tokens/s" + _policy_note(output),
         file=sys.stderr,
     )
     if args.stats_json:

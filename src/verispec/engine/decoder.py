@@ -18,10 +18,12 @@ import numpy as np
 
 from verispec.core.rng import SeededRng
 from verispec.core.rows import LogitRows, draw_from
-from verispec.core.sampling import SamplingParams
+from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.core.seeds import check_seed
 from verispec.core.tree import DraftScheme, DraftTree
+from verispec.draft.chain_policy import ChainLengthPolicy
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
+from verispec.engine.cost_model import OnlineCostModel, RoundDecision
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
 from verispec.engine.head_drafter import CONTEXT_ONLY_Q_RULES, HeadDrafter, is_head_source, load_head_source
 from verispec.engine.streaming import TextStream, stop_cut
@@ -33,6 +35,8 @@ from verispec.verify.registry import MethodSpec, get_method
 
 MAX_DRAFTS = 64
 MAX_DRAFT_LEN = 64
+DEFAULT_DRAFT_LEN = 4  # L when it is not given and not chosen per round
+AUTO_MAX_DRAFT_LEN = 8  # the longest chain the per-round choice of L may pick
 MAX_TREE_NODES = MAX_DRAFTS * MAX_DRAFT_LEN  # as many nodes as the largest K x L i.i.d. paths
 OTM_MAX_TUPLES = 20_000
 
@@ -52,6 +56,7 @@ class StepStats:
     other_seconds: float
     target_calls: int = 1
     draft_calls: int = 0
+    policy: RoundDecision | None = None  # the size policy's choice (token trees, adaptive L)
 
 
 @dataclass
@@ -97,13 +102,20 @@ class GenerationOutput:
         return self.mean_accepted_len / self.draft_len if self.draft_len else 0.0
 
     def position_acceptance(self) -> list[float]:
-        """a_i = P(tau >= i | tau >= i-1), i = 1..L, estimated over the rounds."""
+        """a_i = P(tau >= i | tau >= i-1), i = 1..L, estimated over the rounds that drafted
+        position i (a plain round of an adaptive policy drafts none)."""
         taus = np.array([s.accepted_len for s in self.steps])
+        drafted = np.array([s.drafted_tokens for s in self.steps])
         rates = []
         for i in range(1, self.draft_len + 1):
-            reached = int((taus >= i - 1).sum())
+            reached = int(((taus >= i - 1) & (drafted >= i)).sum())
             rates.append(float((taus >= i).sum() / reached) if reached else 0.0)
         return rates
+
+    @property
+    def root_only_rounds(self) -> int:
+        """Rounds of a speculative method that scored one token (plain rounds chosen by the policy)."""
+        return sum(1 for s in self.steps if s.policy is not None and s.policy.scored_tokens == 1)
 
     @property
     def tokens_per_second(self) -> float:
@@ -134,6 +146,7 @@ class GenerationOutput:
             "prefill_seconds": self.prefill_seconds,
             "time_breakdown": self.time_breakdown(),
             "stop_reason": self.stop_reason,
+            "root_only_rounds": self.root_only_rounds,
             "sampling": self.sampling,
             "steps": [asdict(step) for step in self.steps],
         }
@@ -295,7 +308,11 @@ class SpeculativeDecoder(TextDecoding):
     method: a registry name (``verispec.verify.registry.METHODS``) or "ar"; None (default) picks
             "qfree" for the token-tree draft (the fastest training-free configuration) and "sd"
             for any other draft.
-    num_drafts (K), draft_len (L): K i.i.d. paths of length L, or a chain when K = 1.
+    num_drafts (K), draft_len (L): K i.i.d. paths of length L, or a chain when K = 1. draft_len
+            None (default): for a chain of sampled drafts verified by a chain rule without target
+            modification (sd, bv, ...), L is chosen every round in [0, max_draft_len] from past
+            acceptance and the online cost model (L = 0: a plain round); otherwise L = 4.
+            An explicit L is used as given, every round.
     tree:   children per depth for token-tree methods (e.g. [2, 2, 1]); overrides L.
     temperature / top_k / top_p: applied to target and draft logits alike (0 = greedy);
     draft_temperature overrides the draft's temperature only.
@@ -314,7 +331,7 @@ class SpeculativeDecoder(TextDecoding):
         tokenizer=None,
         method: str | None = None,
         num_drafts: int = 1,
-        draft_len: int = 4,
+        draft_len: int | None = None,
         tree: Sequence[int] | None = None,
         temperature: float = 1.0,
         top_k: int = 0,
@@ -327,6 +344,8 @@ class SpeculativeDecoder(TextDecoding):
         device=None,
         step_callback=None,
         backend: str = "auto",
+        max_draft_len: int = AUTO_MAX_DRAFT_LEN,
+        cost_model: OnlineCostModel | None = None,
     ):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
@@ -335,6 +354,11 @@ class SpeculativeDecoder(TextDecoding):
         self.method = method
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
         self.step_callback = step_callback
+        # the round timings every size policy reads; persists across prompts (it describes the machine)
+        self.cost_model = OnlineCostModel() if cost_model is None else cost_model
+        self.adaptive_draft_len = draft_len is None and self._chain_len_adapts(tree)
+        if draft_len is None:
+            draft_len = max_draft_len if self.adaptive_draft_len else DEFAULT_DRAFT_LEN
         self.num_drafts, self.draft_len, self.tree = self._check_shape(num_drafts, draft_len, tree)
         self.drafter: Drafter | None = None if self.spec is None else self._make_drafter(draft, device)
         if getattr(self.drafter, "deterministic", False):
@@ -374,6 +398,15 @@ class SpeculativeDecoder(TextDecoding):
         return BatchDecoder(self, max_batch=max_batch).generate(prompts, **options)
 
     # ----- configuration checks ----------------------------------------------------------
+    def _chain_len_adapts(self, tree) -> bool:
+        """Whether L is chosen per round: a sampled chain (no tree) verified by a chain rule that
+        leaves no target modification (GBV-mod's windows need the full L, ALGORITHMS.md §4.3)."""
+        spec = self.spec
+        return (
+            spec is not None and spec.draft == "chain" and spec.name != "sprinter" and tree is None
+            and not spec.verifier.needs_target_modification
+        )
+
     def _check_shape(self, num_drafts, draft_len, tree):
         for name, value, limit in (("num_drafts (K)", num_drafts, MAX_DRAFTS), ("draft_len (L)", draft_len, MAX_DRAFT_LEN)):
             if int(value) != value or not 1 <= value <= limit:
@@ -489,8 +522,9 @@ class SpeculativeDecoder(TextDecoding):
         self.target.reset(prompt_ids)
         if self.drafter is not None:
             self.drafter.reset(prompt_ids)
-            if hasattr(self.drafter, "calibrate"):
-                self.drafter.calibrate(self.target)
+        # acceptance is learned per prompt: a policy state shared across prompts would make a
+        # prompt's output depend on the earlier ones (and break the exact-law replays)
+        chain_policy = ChainLengthPolicy(self.draft_len) if self.adaptive_draft_len else None
         prefill_seconds = time.perf_counter() - start
         generated: list[int] = []
         steps: list[StepStats] = []
@@ -502,10 +536,17 @@ class SpeculativeDecoder(TextDecoding):
                 stop_reason = "context"
                 break
             draft_len, tree = shape
+            decision = None
+            if chain_policy is not None:
+                draft_len, decision = self._choose_chain_len(chain_policy, draft_len)
             if self.spec is None:
                 step, output_tokens, windows = self._plain_round(rng)
             elif getattr(self.drafter, "deterministic", False):
                 step, output_tokens = self._token_tree_round(rng, len(prompt_ids) + len(generated))
+                decision = step.policy
+            elif draft_len == 0:  # the policy found no L worth its cost: a plain round, drafter kept in sync
+                step, output_tokens, windows = self._plain_round(rng)
+                self.drafter.commit([], output_tokens[0])
             else:
                 step, output_tokens, windows = self._round(rng, windows, draft_len, tree)
             tic = time.perf_counter()
@@ -517,6 +558,7 @@ class SpeculativeDecoder(TextDecoding):
             if stopped:
                 stop_reason = "stop_string"
             step.other_seconds += time.perf_counter() - tic
+            self._learn(step, decision, chain_policy, draft_len)
             steps.append(step)
             self.last_output = GenerationOutput(
                 self.method, self.num_drafts, self.draft_len, prompt_ids, list(generated), text, steps,
@@ -530,6 +572,26 @@ class SpeculativeDecoder(TextDecoding):
             time.perf_counter() - start, prefill_seconds, stop_reason, asdict(self.params),
         )
         yield self.last_output
+
+    def _choose_chain_len(self, chain_policy: ChainLengthPolicy, fitting: int) -> tuple[int, RoundDecision]:
+        """This round's L (at most ``fitting``, what the contexts allow) and its record."""
+        choice = chain_policy.choose(self.cost_model, fitting)
+        predicted = self.cost_model.round_seconds(choice.draft_len + 1)
+        return choice.draft_len, RoundDecision(choice.draft_len + 1, choice.expected_tokens, predicted, choice.probe, choice.draft_len)
+
+    def _learn(self, step: StepStats, decision: RoundDecision | None, chain_policy, draft_len: int) -> None:
+        """Feed the round's timings to the cost model and its outcome to the chain policy; complete
+        the decision's record with what the round measured."""
+        if self.spec is None:
+            return
+        overhead = step.draft_seconds + step.verify_seconds + step.other_seconds
+        self.cost_model.record(step.tree_nodes, step.target_seconds, overhead)
+        if chain_policy is not None:
+            chain_policy.record(draft_len, step.accepted_len)
+        if decision is not None:
+            decision.measured_target_seconds = step.target_seconds
+            decision.measured_round_seconds = step.target_seconds + overhead
+            step.policy = decision
 
     def _plain_round(self, rng):
         tic = time.perf_counter()
@@ -584,7 +646,10 @@ class SpeculativeDecoder(TextDecoding):
         (``core.rows.LogitRows``)."""
         tic = time.perf_counter()
         # the deepest node sits at position length - 1 + depth: keep it inside the target's context
-        candidates = self.drafter.propose(max_depth=self.target.max_context - length)
+        candidates = self.drafter.propose(max_depth=self.target.max_context - length, cost=self.cost_model)
+        decision = RoundDecision(
+            candidates.num_nodes, candidates.expected_tokens, self.cost_model.round_seconds(candidates.num_nodes), candidates.probe
+        )
         draft_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()
@@ -613,6 +678,7 @@ class SpeculativeDecoder(TextDecoding):
             target_seconds=target_seconds,
             verify_seconds=verify_seconds,
             other_seconds=time.perf_counter() - tic,
+            policy=decision,
         )
         if self.step_callback is not None:
             tree = DraftTree.build(

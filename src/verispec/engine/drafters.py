@@ -14,9 +14,9 @@ from typing import Protocol
 import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
-from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, adjacency_bucket, copy_bucket, grow_tree
+from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CostTable, ProbeSchedule, adjacency_bucket, copy_bucket, grow_tree
 from verispec.errors import ConfigError
-from verispec.models.token_tree import AdjacencyTable, SuffixIndex, measure_cost_curve
+from verispec.models.token_tree import AdjacencyTable, SuffixIndex
 from verispec.models.ngram import NGramDraft
 
 
@@ -140,9 +140,10 @@ class TokenTreeDrafter:
     * copies: continuations of the longest suffix matches of the context anywhere in the prompt
       and the generated text (``SuffixIndex``), up to ``copy_matches`` distinct continuations.
     ``draft.tree_policy`` grows the tree best first from running acceptance estimates and keeps
-    the size that maximises expected tokens per unit of forward cost (``cost``: a ``CostCurve``,
-    or None to measure the target's at the first prompt, ``calibrate``); with no useful
-    candidate the tree is the root alone. The tree has no sampling law q (DraftScheme.DETERMINISTIC):
+    the size that maximises expected tokens per second (``cost``: a fixed ``CostCurve``, or None
+    for the cost table the engine passes each round, ``engine.cost_model.OnlineCostModel``); with
+    no useful candidate the tree is the root alone, and ``probes`` forces a small tree now and then
+    so the estimates keep learning. The tree has no sampling law q (DraftScheme.DETERMINISTIC):
     verify it with a q-free rule (``qfree``). The adjacency table persists across ``reset``: it
     describes the target, not one prompt (pass ``adjacency`` to share one between drafters).
     """
@@ -156,8 +157,9 @@ class TokenTreeDrafter:
         max_nodes: int = 24,
         max_depth: int = 12,
         copy_matches: int = 3,
-        cost=None,
+        cost: CostTable | None = None,
         adjacency=None,
+        probes: ProbeSchedule | None = None,
     ):
         if max_nodes < 0 or max_depth < 1:
             raise ConfigError(f"a token tree needs max_nodes >= 0 and max_depth >= 1, got {max_nodes}, {max_depth}")
@@ -166,7 +168,8 @@ class TokenTreeDrafter:
         self.max_nodes = int(max_nodes)
         self.max_depth = int(max_depth)
         self.copy_matches = int(copy_matches)
-        self.cost = cost  # None: measured on the target at the first ``calibrate``
+        self.cost = cost  # None: the engine's online cost table, passed to ``propose``
+        self.probes = ProbeSchedule() if probes is None else probes
         self.adjacency = adjacency if adjacency is not None else AdjacencyTable(vocab_size, k)
         if self.adjacency.vocab_size != self.vocab_size:
             raise ConfigError(f"adjacency table has {self.adjacency.vocab_size} tokens, the draft {self.vocab_size}")
@@ -177,22 +180,23 @@ class TokenTreeDrafter:
     def reset(self, prompt_ids):
         self.index.reset(prompt_ids)
 
-    def calibrate(self, target) -> None:
-        """Measure the target's cost curve once (``models.token_tree.measure_cost_curve``) unless
-        one was given; called by the decoder after the prompt's prefill."""
-        if self.cost is None:
-            self.cost = measure_cost_curve(target)
-
     # ----- one round ----------------------------------------------------------------------
-    def propose(self, max_depth: int | None = None):
+    def propose(self, max_depth: int | None = None, cost: CostTable | None = None):
         """This round's ``CandidateTree`` below the last context token, at most ``max_depth`` deep
-        (default ``self.max_depth``; the engine passes less near the end of the target's context)."""
+        (default ``self.max_depth``; the engine passes less near the end of the target's context),
+        sized by ``self.cost`` when fixed, else by ``cost`` (the engine's online table)."""
+        cost = self.cost if self.cost is not None else cost
+        if cost is None:
+            raise ConfigError("a token tree needs a cost table: pass cost= (a CostCurve) or let the engine pass its own")
         self._rates = {}
         context = self.index.context
         copies = [self._copy(m.start, m.match_len) for m in self.index.matches(self.copy_matches)]
         root = self._merge(copies, context[-1])
         depth = self.max_depth if max_depth is None else max(1, min(self.max_depth, max_depth))
-        return grow_tree(context[-1], root, self._expand, self.cost, self.max_nodes, depth)
+        tree = grow_tree(context[-1], root, self._expand, cost, self.max_nodes, depth)
+        if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1):
+            return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
+        return tree
 
     def _rate(self, cls) -> float:
         rate = self._rates.get(cls)

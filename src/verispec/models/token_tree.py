@@ -125,26 +125,3 @@ class SuffixIndex:
             if first not in best or match > best[first].match_len:
                 best[first] = CopyMatch(start, match)
         return sorted(best.values(), key=lambda m: (-m.match_len, -m.start))[:limit]
-
-
-def measure_cost_curve(adapter, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 2):
-    """Time one forward over n = ``sizes`` tokens on ``adapter``'s current context (a chain
-    below the pending root), ``repeats`` interleaved rounds, and return the ``CostCurve`` of
-    median times relative to n = 1 (made non-decreasing). The speculative nodes are rolled back:
-    the committed state is unchanged. Costs about sum(cost(n)) x repeats single-token forwards."""
-    import time
-
-    from verispec.draft.tree_policy import CostCurve
-
-    sizes = sorted({1, *(int(n) for n in sizes)})
-    root = adapter.tokens()[-1]
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
-            tic = time.perf_counter()
-            adapter.score([-1] + [root] * (n - 1), list(range(-1, n - 1)))
-            times[n].append(time.perf_counter() - tic)
-    adapter.rollback()
-    medians = np.array([np.median(times[n]) for n in sizes])
-    relative = np.maximum.accumulate(medians / medians[0])
-    return CostCurve(tuple((n, float(c)) for n, c in zip(sizes, relative)))

@@ -1,0 +1,179 @@
+"""Online cost model of one decoding round, learned from the rounds' own timings (DESIGN.md §4,
+"Decisions from the past only").
+
+Every round scores n tokens in one target forward (n = tree nodes, or L + 1 for a chain, 1 for a
+plain round) and spends some time drafting and verifying. ``OnlineCostModel.record`` takes both
+timings; the model keeps, per size bucket of n (1, 2, 3-4, 5-8, 9-16, ...), the last ``window``
+readings, and estimates
+
+    seconds(n) = unit x shape(n) x exp(r_target[b(n)])  +  unit x overhead_shape(n) x exp(r_over[b(n)])
+
+* ``unit``: the seconds of a one-token forward: the median of the n = 1 readings together with
+  ``prior_weight`` pseudo-readings equal to the unit implied by the other buckets' readings
+  (reading / shape(n)); with no reading at all, 1.0 (the costs are then relative, which is all a
+  choice of size needs).
+* ``shape``, ``overhead_shape``: the prior curve (``draft.tree_policy.CostCurve()``,
+  relative to one token) and a prior drafting + verification overhead per round and per node.
+* ``r[b]``: the log ratio of measured to prior cost in bucket b: the median of the readings' log
+  ratios together with ``prior_weight`` zeros, so one wild reading (a 10x stall) moves nothing and
+  a bucket departs from the prior only after more than ``prior_weight`` concordant readings. An
+  unobserved bucket takes its ratio from its observed neighbours (linear in the bucket index
+  between them, the nearest one's beyond them): the prior's shape, rescaled by what was measured
+  nearby, never a slope extrapolated from two noisy points.
+
+No start-up calibration: the first rounds use the prior, and the model follows the machine's load
+as readings replace each other. Nothing here reads a round's random draws, so a policy built on it
+keeps every rule exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+
+import numpy as np
+
+from verispec.draft.tree_policy import CostCurve
+from verispec.errors import ConfigError
+
+# drafting + verification per round, relative to a one-token forward: a fixed part for every round
+# (drawing, commit, text decoding), one more for a speculative round, and a part per scored node
+PRIOR_ROUND_OVERHEAD = 0.01
+PRIOR_SPECULATION_OVERHEAD = 0.01
+PRIOR_NODE_OVERHEAD = 0.002
+_PRIOR_CURVE = CostCurve(overhead=0.0)
+_PRIOR_TABLE = _PRIOR_CURVE.table(4096)  # computed once: the model reads it for every reading
+TINY_SECONDS = 1e-9  # a reading of 0 s (a coarse clock) is taken as this, so its log is finite
+
+
+def size_bucket(n: int) -> int:
+    """Bucket of a round scoring n >= 1 tokens: 0 for 1, 1 for 2, 2 for 3-4, 3 for 5-8, ..."""
+    return (int(n) - 1).bit_length()
+
+
+def prior_shape(sizes) -> np.ndarray:
+    """Prior cost of one forward over ``sizes`` tokens relative to one token: the shipped
+    ``CostCurve`` (``DEFAULT_COST_POINTS``, interpolated) without its overhead."""
+    sizes = np.asarray(sizes, dtype=int)
+    largest = int(sizes.max(initial=1))
+    table = _PRIOR_TABLE if largest <= _PRIOR_TABLE.size else _PRIOR_CURVE.table(largest)
+    return table[sizes - 1]
+
+
+def prior_overhead_shape(sizes) -> np.ndarray:
+    """Prior drafting + verification time of a round scoring ``sizes`` tokens, relative to one token."""
+    return np.array([_prior_overhead_of(int(n)) for n in np.ravel(sizes)]).reshape(np.shape(sizes))
+
+
+def _prior_of(n: int) -> float:
+    """``prior_shape`` of one size, as a float (the per-reading loops stay in plain Python)."""
+    return float(_PRIOR_TABLE[n - 1]) if n <= _PRIOR_TABLE.size else float(prior_shape(n))
+
+
+def _prior_overhead_of(n: int) -> float:
+    """Prior drafting + verification time of a round scoring n tokens, relative to one token."""
+    return PRIOR_ROUND_OVERHEAD + (PRIOR_SPECULATION_OVERHEAD if n > 1 else 0.0) + PRIOR_NODE_OVERHEAD * (n - 1)
+
+
+@dataclass
+class RoundDecision:
+    """What the size policy chose for one round and why (written into ``StepStats.policy``).
+
+    scored_tokens: tokens the target scores (tree nodes; L + 1 for a chain; 1 for a plain round);
+    draft_len: the chain's L (None for a token tree); expected_tokens: tokens the policy expected
+    the round to emit; predicted_seconds: the cost model's seconds for the round (target forward +
+    overhead) when it chose; measured_target_seconds / measured_round_seconds: what the round then
+    took; probe: the round was forced larger than the policy's choice to keep learning."""
+
+    scored_tokens: int
+    expected_tokens: float
+    predicted_seconds: float
+    probe: bool = False
+    draft_len: int | None = None
+    measured_target_seconds: float | None = None
+    measured_round_seconds: float | None = None
+
+
+class OnlineCostModel:
+    """Running robust estimates of a round's seconds by the number n of scored tokens (see the
+    module docstring). ``learn=False`` freezes it at the prior (or at what it has learned so far),
+    which makes every choice a function of past acceptance alone: the exact-law tests use it."""
+
+    def __init__(self, window: int = 9, prior_weight: int = 3, max_tokens: int = 4096, learn: bool = True):
+        if window < 1 or prior_weight < 0:
+            raise ConfigError(f"the cost model needs window >= 1 and prior_weight >= 0, got {window}, {prior_weight}")
+        self.window = int(window)
+        self.prior_weight = int(prior_weight)
+        self.learn = learn
+        self.buckets = size_bucket(max_tokens) + 1
+        self.target_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]  # (n, seconds)
+        self.overhead_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]
+        self._estimates: tuple[float, np.ndarray, np.ndarray] | None = None  # unit, ratios; reset by record
+
+    # ----- feeding ----------------------------------------------------------------------------
+    def record(self, scored_tokens: int, target_seconds: float, overhead_seconds: float) -> None:
+        """One round: its target forward over ``scored_tokens`` tokens took ``target_seconds``; its
+        drafting, verification and bookkeeping ``overhead_seconds``."""
+        if not self.learn:
+            return
+        bucket = min(size_bucket(scored_tokens), self.buckets - 1)
+        self.target_readings[bucket].append((int(scored_tokens), max(float(target_seconds), TINY_SECONDS)))
+        self.overhead_readings[bucket].append((int(scored_tokens), max(float(overhead_seconds), TINY_SECONDS)))
+        self._estimates = None
+
+    @property
+    def readings(self) -> int:
+        return sum(len(r) for r in self.target_readings)
+
+    # ----- estimates --------------------------------------------------------------------------
+    def unit_seconds(self) -> float:
+        """Seconds of a one-token target forward (1.0 before any reading: relative units)."""
+        implied = [s / _prior_of(n) for bucket in self.target_readings[1:] for n, s in bucket]
+        plain = [s for _, s in self.target_readings[0]]
+        if not plain and not implied:
+            return 1.0
+        if not plain:
+            return median(implied)
+        return median(plain + ([median(implied)] * self.prior_weight if implied else []))
+
+    def _log_ratios(self, readings, shape, unit: float) -> np.ndarray:
+        """Per bucket: median log(reading / (unit x shape(n))) with prior_weight zeros; NaN where unobserved."""
+        ratios = np.full(self.buckets, np.nan)
+        for bucket, found in enumerate(readings):
+            if found:
+                logs = [math.log(s / (unit * shape(n))) for n, s in found]
+                ratios[bucket] = median(logs + [0.0] * self.prior_weight)
+        return ratios
+
+    @staticmethod
+    def _fill(ratios: np.ndarray) -> np.ndarray:
+        """Unobserved buckets from their observed neighbours (0 = the prior when none is observed)."""
+        observed = np.flatnonzero(~np.isnan(ratios))
+        if observed.size == 0:
+            return np.zeros_like(ratios)
+        index = np.arange(ratios.size)
+        return np.interp(index, observed, ratios[observed])  # constant beyond the outermost ones
+
+    def _current(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """(unit, target log ratios, overhead log ratios) per bucket, recomputed after a reading."""
+        if self._estimates is None:
+            unit = self.unit_seconds()
+            target_ratio = self._fill(self._log_ratios(self.target_readings, _prior_of, unit))
+            target_ratio[0] = 0.0  # bucket 0 is the unit itself
+            overhead_ratio = self._fill(self._log_ratios(self.overhead_readings, _prior_overhead_of, unit))
+            self._estimates = (unit, target_ratio, overhead_ratio)
+        return self._estimates
+
+    def table(self, n_max: int) -> np.ndarray:
+        """Predicted seconds of a round scoring n = 1..n_max tokens (target forward + overhead),
+        shape (n_max,); in units of a one-token forward before any reading."""
+        unit, target_ratio, overhead_ratio = self._current()
+        sizes = np.arange(1, int(n_max) + 1)
+        buckets = np.minimum(np.ceil(np.log2(sizes)).astype(int), self.buckets - 1)  # size_bucket, vectorised
+        return unit * (prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
+
+    def round_seconds(self, scored_tokens: int) -> float:
+        """Predicted seconds of a round scoring ``scored_tokens`` tokens."""
+        return float(self.table(scored_tokens)[-1])

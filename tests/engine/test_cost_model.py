@@ -1,0 +1,173 @@
+"""The online cost model (engine.cost_model): prior before any reading, learning per size bucket,
+robustness to one wild reading, neighbours for unobserved sizes; the probe schedule; the chain
+length policy; and what the engine records of each round's decision."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.engine.tiny import tiny_llama
+from verispec.draft.chain_policy import ChainLengthPolicy, PositionAcceptance
+from verispec.draft.tree_policy import Candidate, CostCurve, ProbeSchedule, grow_tree
+from verispec.engine.cost_model import OnlineCostModel, prior_overhead_shape, prior_shape, size_bucket
+from verispec.engine.decoder import SpeculativeDecoder
+from verispec.engine.drafters import TokenTreeDrafter
+from verispec.errors import ConfigError
+
+CLS = ("adj", 3)
+PROMPT = [1, 2, 3, 4, 1, 2, 3]
+
+
+def chain_expander(accept):
+    return lambda candidate, depth: [Candidate(candidate.token + 1, accept, CLS), Candidate(candidate.token + 100, accept / 3, CLS)]
+
+
+def tree_size(cost, accept=0.7) -> int:
+    return grow_tree(0, [Candidate(1, accept, CLS)], chain_expander(accept), cost, max_nodes=32, max_depth=12).num_nodes
+
+
+def machine(model: OnlineCostModel, unit: float, per_token: float, sizes=(1, 4, 8, 12, 16, 24), rounds=6) -> None:
+    """Feed readings of a machine whose forward costs unit + per_token x (n - 1) seconds."""
+    for _ in range(rounds):
+        for n in sizes:
+            model.record(n, unit + per_token * (n - 1), 0.02 * unit)
+
+
+def test_size_buckets():
+    assert [size_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [0, 1, 2, 2, 3, 3, 4, 4, 5]
+
+
+def test_before_any_reading_the_table_is_the_prior():
+    model = OnlineCostModel()
+    sizes = np.arange(1, 41)
+    np.testing.assert_allclose(model.table(40), prior_shape(sizes) + prior_overhead_shape(sizes))
+    assert model.unit_seconds() == 1.0 and model.round_seconds(5) == pytest.approx(model.table(5)[-1])
+    with pytest.raises(ConfigError, match="window >= 1"):
+        OnlineCostModel(window=0)
+
+
+def test_the_table_follows_the_machine_and_so_does_the_tree():
+    cheap, dear = OnlineCostModel(), OnlineCostModel()
+    machine(cheap, 0.02, 0.0002)  # scoring more tokens costs almost nothing: big trees pay
+    machine(dear, 0.02, 0.004)  # each extra token costs 20% of a forward: small trees
+    assert cheap.unit_seconds() == pytest.approx(0.02, rel=0.05)
+    assert cheap.table(16)[-1] == pytest.approx(0.02 + 15 * 0.0002 + 0.02 * 0.02, rel=0.15)
+    assert dear.table(16)[-1] == pytest.approx(0.02 + 15 * 0.004 + 0.02 * 0.02, rel=0.15)
+    assert tree_size(cheap) > tree_size(dear) + 4
+
+
+@pytest.mark.parametrize("size", [1, 8, 16])
+def test_one_wild_reading_does_not_move_the_choice(size):
+    model = OnlineCostModel()
+    machine(model, 0.02, 0.001)
+    before, table = tree_size(model), model.table(32).copy()
+    model.record(size, 10 * (0.02 + 0.001 * (size - 1)), 0.0004)  # a 10x stall (another process, a page fault)
+    assert tree_size(model) == before
+    np.testing.assert_allclose(model.table(32), table, rtol=0.05)
+
+
+def test_a_bucket_leaves_the_prior_only_after_more_readings_than_prior_weight():
+    model = OnlineCostModel(prior_weight=3)
+    for _ in range(5):
+        model.record(1, 0.01, 0.0)
+    prior_seconds = 0.01 * float(prior_shape(12))
+    for _ in range(2):
+        model.record(12, 5 * prior_seconds, 0.0)
+    assert model.table(12)[-1] < 1.1 * prior_seconds  # two agreeing readings against three prior ones
+    for _ in range(2):
+        model.record(12, 5 * prior_seconds, 0.0)
+    assert model.table(12)[-1] > 4.5 * prior_seconds
+
+
+def test_unobserved_sizes_take_their_neighbours_ratio_not_a_slope():
+    model = OnlineCostModel(prior_weight=0)
+    for n, times_prior in ((1, 1.0), (3, 2.0), (20, 2.0)):  # buckets 3-4 and 17-32 at twice the prior
+        model.record(n, times_prior * 0.01 * float(prior_shape(n)), 0.01 * float(prior_overhead_shape(n)))
+    seconds = model.table(200) - 0.01 * prior_overhead_shape(np.arange(1, 201))
+    ratio = seconds / (0.01 * prior_shape(np.arange(1, 201)))
+    np.testing.assert_allclose(ratio[[3, 7, 11, 15, 40, 199]], 2.0, rtol=1e-9)  # between them and beyond: x2, the prior's shape
+    assert ratio[1] == pytest.approx(np.sqrt(2.0))  # bucket 2, halfway (in log) between bucket 1 (x1) and bucket 3-4 (x2)
+
+
+def test_a_frozen_model_ignores_readings():
+    model = OnlineCostModel(learn=False)
+    model.record(1, 5.0, 1.0)
+    assert model.readings == 0 and model.unit_seconds() == 1.0
+
+
+def test_probe_schedule_bounds_probes():
+    probes = ProbeSchedule(every=3, size=2)
+    due = [probes.due(False) for _ in range(12)]
+    assert due == [False, False, False, True] * 3  # one probe in every every + 1 root-only decisions
+    assert probes.due(True) is False and probes.plain_streak == 0
+    with pytest.raises(ConfigError, match="every >= 1"):
+        ProbeSchedule(every=0)
+
+
+def test_token_tree_probes_after_a_run_of_root_only_rounds():
+    drafter = TokenTreeDrafter(8, k=2, max_nodes=8, max_depth=3, probes=ProbeSchedule(every=2, size=3))
+    drafter.reset([1, 2, 3, 1, 2])  # a copy candidate (3) is offered
+    costly = CostCurve(((1, 1.0), (2, 50.0)))  # nothing pays
+    trees = [drafter.propose(cost=costly) for _ in range(6)]
+    assert [t.num_nodes for t in trees] == [1, 1, 4, 1, 1, 4]
+    assert [t.probe for t in trees] == [False, False, True] * 2
+    assert trees[2].tokens == trees[2].offered.tokens[: trees[2].num_nodes]
+    with pytest.raises(ConfigError, match="needs a cost table"):
+        TokenTreeDrafter(8).propose()
+
+
+def test_chain_length_follows_acceptance_and_cost():
+    flat = CostCurve(((1, 1.0), (16, 1.0)), overhead=0.0)  # drafting is free: the longest chain
+    assert ChainLengthPolicy(6).choose(flat).draft_len == 6
+    dear = CostCurve(((1, 1.0), (2, 1.7), (16, 15.0)), overhead=0.0)
+    policy = ChainLengthPolicy(6)
+    for _ in range(20):
+        policy.record(4, 0)  # nothing accepted: plain rounds, then a probe of 2 now and then
+    choices = [policy.choose(dear) for _ in range(18)]
+    assert [c.draft_len for c in choices].count(0) == 16 and all(c.draft_len == 2 for c in choices if c.probe)
+    assert ChainLengthPolicy(6).choose(flat, limit=3).draft_len == 3 and ChainLengthPolicy(6).choose(flat, limit=0).draft_len == 0
+
+
+def test_position_acceptance_counts_only_tried_positions():
+    acceptance = PositionAcceptance(decay=1.0, prior_weight=0.0)
+    acceptance.record(3, 1)  # positions 1, 2 tried; 1 hit
+    acceptance.record(3, 3)
+    np.testing.assert_allclose(acceptance.rates(4), [1.0, 0.5, 1.0, 1.0])  # position 4 never tried: inherits 3's
+
+
+def test_stats_record_each_rounds_decision():
+    target = tiny_llama(0)
+    decoder = SpeculativeDecoder(target, temperature=0, max_new_tokens=12, eos_token_id=[])
+    assert not hasattr(decoder.drafter, "calibrate")  # no start-up measurement any more
+    output = decoder.generate(PROMPT)
+    record = json.loads(json.dumps(output.to_dict()))
+    policies = [step["policy"] for step in record["steps"]]
+    assert all(p["scored_tokens"] == step["tree_nodes"] for p, step in zip(policies, record["steps"]))
+    assert all(p["predicted_seconds"] > 0 and p["measured_target_seconds"] > 0 for p in policies)
+    assert record["root_only_rounds"] == sum(p["scored_tokens"] == 1 for p in policies)
+    assert decoder.cost_model.readings == len(policies)
+
+
+def test_default_draft_len_is_chosen_per_round_for_chain_rules_only():
+    target = tiny_llama(0)
+    auto = SpeculativeDecoder(target, "ngram", method="sd", temperature=0, max_new_tokens=16, eos_token_id=[])
+    assert auto.adaptive_draft_len and auto.draft_len == 8
+    output = auto.generate(PROMPT)
+    assert all(s.policy.draft_len == s.drafted_tokens for s in output.steps)
+    assert output.token_ids == SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=16, eos_token_id=[]).generate(PROMPT).token_ids
+    fixed = SpeculativeDecoder(target, "ngram", method="sd", draft_len=3, max_new_tokens=8, eos_token_id=[])
+    assert not fixed.adaptive_draft_len and all(s.drafted_tokens == 3 and s.policy is None for s in fixed.generate(PROMPT).steps)
+    for method, kwargs in (("gbv-mod", {}), ("spectr", {"num_drafts": 2})):  # windows need the full L; K paths keep L
+        decoder = SpeculativeDecoder(target, "ngram", method=method, **kwargs)
+        assert not decoder.adaptive_draft_len and decoder.draft_len == 4
+
+
+def test_cli_draft_len_is_auto_by_default():
+    from verispec.cli.main import build_parser
+
+    parse = lambda *flags: build_parser().parse_args(["generate", "hi", *flags]).draft_len  # noqa: E731
+    assert parse() is None and parse("-L", "auto") is None and parse("-L", "3") == 3
+    for bad in ("0", "x"):
+        with pytest.raises(SystemExit):
+            parse("-L", bad)
