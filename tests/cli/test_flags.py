@@ -22,7 +22,7 @@ BAD_FLAGS = [
     (["generate", "hi", "--top-p", "1.5"], "argument --top-p: must lie in (0, 1]"),
     (["generate", "hi", "--top-k", "-1"], "argument --top-k: must be a whole number >= 0"),
     (["generate", "hi", "-K", "0"], "argument -K/--num-drafts: must be a whole number >= 1, got 0"),
-    (["generate", "hi", "-L", "-2"], "argument -L/--draft-len: must be a whole number >= 1, got -2"),
+    (["generate", "hi", "-L", "-2"], "argument -L/--draft-len: must be a whole number >= 1, got -2 (or 'auto')"),
     (["generate", "hi", "--tree", "2,0,1"], "argument --tree: must be a comma list of whole numbers >= 1"),
     (["generate", "hi", "--tree", "a,b"], "argument --tree: expected a whole number"),
     (["generate", "hi", "--max-new-tokens", "0"], "argument --max-new-tokens: must be a whole number >= 1"),

@@ -54,6 +54,16 @@ def int_at_least(low: int, meaning: str = "") -> Callable[[str], int]:
     return parse
 
 
+def draft_len(text: str) -> int | None:
+    """-L: a whole number >= 1 (the same every round) or "auto" (None: chosen per round for chain rules)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return int_at_least(1)(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error} (or 'auto')") from None
+
+
 def number_at_least(low: float, meaning: str = "", strict: bool = False) -> Callable[[str], float]:
     """A finite number >= ``low`` (> ``low`` if ``strict``)."""
 

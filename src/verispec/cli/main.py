@@ -23,19 +23,6 @@ from verispec.models import BACKENDS  # noqa: E402
 _int_list = flags.positive_int_list
 
 
-def draft_len_arg(text: str) -> int | None:
-    """-L: an integer (fixed every round) or "auto" (None: chosen per round for chain rules)."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"-L must be an integer >= 1 or 'auto', got {text!r}")
-    return value
-
-
 def _add_sampling_flags(parser: argparse.ArgumentParser, default_temperature: float = 1.0) -> None:
     parser.add_argument("--temperature", type=flags.temperature, default=default_temperature, help=f"0 = greedy (default {default_temperature})")
     parser.add_argument("--top-k", type=flags.int_at_least(0, " (0 disables it)"), default=0, help="0 disables (default)")
@@ -74,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="registry name (verispec methods) or 'ar' for plain sampling (default: qfree with the "
                           "token-tree draft, sd with any other draft)")
     gen.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1)
-    gen.add_argument("-L", "--draft-len", type=draft_len_arg, default=None,
+    gen.add_argument("-L", "--draft-len", type=flags.draft_len, default=None,
                      help="draft length, or 'auto' (default): chosen per round for chain rules (sd, bv, ...), 4 otherwise")
     gen.add_argument("--tree", type=_int_list, default=None, help="children per depth for tree methods, e.g. 2,2,1")
     _add_sampling_flags(gen)
@@ -98,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(demo)
     demo.add_argument("--method", default=None, help="default: qfree with the token-tree draft, sd with any other")
     demo.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1)
-    demo.add_argument("-L", "--draft-len", type=draft_len_arg, default=None, help="draft length or 'auto' (default)")
+    demo.add_argument("-L", "--draft-len", type=flags.draft_len, default=None, help="draft length or 'auto' (default)")
     demo.add_argument("--prompts", type=flags.int_at_least(1), default=3, help="number of HumanEval prompts")
     demo.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=64)
     demo.add_argument("--seed", type=flags.seed, default=0, help="a whole number in [0, 2**63) (default 0)")
