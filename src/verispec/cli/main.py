@@ -32,7 +32,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="model forward: the native Llama forward when the model qualifies (auto, default), "
-                             "or transformers' own forward")
+                             "transformers' own forward, or llamacpp: the target's GGUF file through llama.cpp "
+                             "(--target default, gemma3-270m or a .gguf path; a .gguf --draft runs there too; "
+                             "needs pip install 'verispec[llamacpp]')")
 
 
 def build_parser() -> argparse.ArgumentParser:

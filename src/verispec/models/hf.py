@@ -230,7 +230,12 @@ def make_runner(model, backend: str = "auto"):
     """The runner for ``backend`` ("auto", "native" or "transformers"; see the module docstring)."""
     from verispec.models.native_llama import NativeLlamaRunner, supports
 
-    if check_backend(backend) == "transformers":
+    if check_backend(backend) == "llamacpp":
+        raise ConfigError(
+            "backend 'llamacpp' runs GGUF files through llama.cpp, not a transformers model; give the target as a "
+            ".gguf path (or 'default' / 'gemma3-270m'), or use backend 'auto'"
+        )
+    if backend == "transformers":
         return TransformersRunner(model)
     reason = supports(model)
     if reason is None:
