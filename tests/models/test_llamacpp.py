@@ -72,7 +72,8 @@ def gguf_files(tmp_path_factory):
 
 
 def open_adapter(path, **options) -> LlamaCppAdapter:
-    return LlamaCppAdapter(path, n_threads=1, kv_type="f32", **options)
+    """float32 throughout (F32 KV cache, no flash attention), so that rows can be compared tightly."""
+    return LlamaCppAdapter(path, n_threads=1, kv_type="f32", flash_attn=False, **options)
 
 
 def root_paths(parents):
@@ -115,7 +116,7 @@ def test_scores_after_commits_and_rollbacks_equal_a_fresh_prefill(gguf_files):
     adapter.commit([], 5)  # nothing accepted
     adapter.append_committed([6, 7], 8)  # committed without a forward: rides along the next one
     committed = adapter.tokens()
-    assert committed == PROMPT + [4, 0, 9, 13, 8, 10, 14, 5, 6, 7, 8]
+    assert committed == PROMPT + [4, 12, 9, 13, 8, 10, 14, 5, 6, 7, 8]
     after = adapter.score(TREE_TOKENS, TREE_PARENTS)
     fresh = open_adapter(gguf_files["target", VOCAB])
     fresh.reset(committed)
@@ -300,10 +301,16 @@ def test_default_token_trees_reproduce_greedy_llamacpp_output(default_gguf):
     target, prompts, references = default_gguf
     decoder = SpeculativeDecoder(target, None, temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     assert decoder.method == "qfree"
+    # trees priced as free, so that they really branch (the measured llama.cpp cost curve may
+    # well choose the root alone, which would make this test vacuous)
+    decoder.drafter.cost = FREE_TREES
+    accepted = 0
     for ids, reference in zip(prompts, references):
         output = decoder.generate(ids)
         assert output.token_ids == reference
-    assert output.block_efficiency > 1.0  # trees were really accepted
+        accepted += sum(step.accepted_len for step in output.steps)
+        assert max(step.tree_nodes for step in output.steps) > 4
+    assert accepted > 0  # draft tokens were really accepted
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -331,9 +338,9 @@ def test_unknown_architecture_is_named(tmp_path):
 
 
 def test_a_tree_wider_than_the_sequence_limit_names_it_and_leaves_the_cache_usable(gguf_files):
-    adapter = open_adapter(gguf_files["target", VOCAB], n_seq_max=3)
+    adapter = open_adapter(gguf_files["target", VOCAB], n_seq_max=2)
     adapter.reset(PROMPT)
-    with pytest.raises(ConfigError, match=r"more than 2 root-to-leaf paths.*n_seq_max=3.*larger n_seq_max"):
+    with pytest.raises(ConfigError, match=r"more than 2 root-to-leaf paths.*n_seq_max=2.*larger n_seq_max"):
         adapter.score([-1, 1, 2, 3], [-1, 0, 0, 0])
     fresh = open_adapter(gguf_files["target", VOCAB])
     fresh.reset(PROMPT)

@@ -19,17 +19,25 @@ its own. A draft tree is laid out as one sequence per root-to-leaf path:
   with logits requested for the tree nodes only (committed tokens still pending ride along
   without logits).
 
-Commit keeps the accepted path by *re-tagging* its cells with sequence 0
-(``llama_memory_seq_cp(path sequence, 0, ...)``), then ``llama_memory_seq_keep(0)`` frees every
-other cell. Re-tagging is exact: those cells hold the keys and values of exactly the accepted
-tokens at their final positions, computed with attention to exactly their ancestors (the same
-inputs a re-decode would see), and it costs no forward. Rollback is ``llama_memory_seq_rm`` of
-sequence 0 from the round's root on, plus the same ``seq_keep``.
+Cells stay in position order. llama.cpp's attention is only exact when the cache's cells hold
+increasing positions (measured with llama-cpp-python 0.3.36: a committed token whose cell lies
+after the next token's gave logits off by up to 1.1 on the default target, with and without flash
+attention, F16 or F32 cache). A tree's cells are written in node order, and a node's ancestors
+always have smaller numbers, so inside a tree forward every visible cell is in order. Commit
+therefore keeps the root and the longest start of the accepted path that is the chain of nodes
+1, 2, ..., j (cells right after the root's; in particular the whole first path, which is sequence
+0), frees every other cell (``llama_memory_seq_rm`` of sequence 0 beyond them, then
+``llama_memory_seq_keep(0)``), and leaves the rest of the accepted path in the pending tail: it
+is computed again, in order, inside the next round's forward (no extra ``llama_decode`` call).
+Re-tagging the accepted cells instead (``seq_cp`` to sequence 0) would cost nothing but breaks
+that order whenever the path skips a node. Rollback is the same ``seq_rm`` from the round's root.
 
-Numerics: llama.cpp's CPU kernels accumulate differently for different batch sizes, so a node's
-logits depend slightly on how many tokens shared its forward (measured in
-tests/models/test_llamacpp.py and docs/llamacpp.md). Every rule stays exact with respect to the rows
-it was given; seeded runs are reproducible on the same build, threads and tree shapes.
+Numerics: a forward of at most 63 tokens gives rows bit-identical to scoring each node alone
+(``BATCH_INVARIANT_TOKENS``, measured on this build and CPU), so with cells in position order a
+tree's rows equal plain decoding's exactly and greedy speculative output equals greedy plain
+output token for token (tests/models/test_llamacpp.py). Longer forwards are split. Flash
+attention is llama.cpp's choice (on for CPUs); with it off the non-flash path is not
+batch-invariant on the F16 cache.
 
 Draft heads (EAGLE-3) read the target's hidden states, which this adapter does not return: they
 are refused with a clear error.
@@ -59,7 +67,13 @@ REQUIRED_API = (
 )
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml_type of the KV cache: GGML_TYPE_F16 (llama.cpp's default), GGML_TYPE_F32
 DEFAULT_MAX_CONTEXT = 8192
-DEFAULT_SEQ_MAX = 65  # sequence 0 (committed text) + 64 paths: the engine's K limit (MAX_DRAFTS)
+# Forwards of at most 63 tokens give bit-identical rows whatever the batch (llama-cpp-python 0.3.36,
+# CPU build, AMD EPYC Zen 4, Q4_1 default target: a node scored in a tree of 63 equals it scored
+# alone); from 64 tokens on llama.cpp switches to other matrix kernels and rows move by up to ~3
+# logits. Prompts and trees are therefore fed in chunks of 63 by default (a 300-token prefill
+# measured 9% slower than in one batch), which keeps greedy decoding token-for-token reproducible.
+BATCH_INVARIANT_TOKENS = 63
+DEFAULT_SEQ_MAX = 64  # one sequence per root-to-leaf path (sequence 0 carries the first): the engine's K limit
 
 
 def llamacpp_available() -> str | None:
@@ -177,9 +191,12 @@ class LlamaCppAdapter:
 
     gguf_path: the .gguf file; n_ctx: context length in tokens (default: the model's training
     context, at most 8192); n_threads: CPU threads (default: torch's thread count, so that both
-    backends run on the same threads); n_seq_max: sequence ids of the context = 1 + the widest
+    backends run on the same threads); n_seq_max: sequence ids of the context = the widest
     tree (root-to-leaf paths) a round may score; n_batch: tokens per ``llama_decode`` (longer
-    prompts and trees are split); kv_type: "f16" (llama.cpp's default) or "f32" KV cache.
+    prompts and trees are split; the default keeps every forward batch-invariant, see
+    BATCH_INVARIANT_TOKENS); kv_type: "f16" (llama.cpp's default) or "f32" KV cache;
+    flash_attn: None (llama.cpp's choice: on for CPUs), True or False (float32 attention: with an
+    F32 GGUF and kv_type "f32" the logits then equal torch's within ~1e-6, against ~3e-4 with it on).
     """
 
     backend = "llamacpp"
@@ -192,18 +209,20 @@ class LlamaCppAdapter:
         n_ctx: int | None = None,
         n_threads: int | None = None,
         n_seq_max: int = DEFAULT_SEQ_MAX,
-        n_batch: int = 512,
+        n_batch: int = BATCH_INVARIANT_TOKENS,
         kv_type: str = "f16",
+        flash_attn: bool | None = None,
     ):
+        self._model = self._ctx = self._batch = None
         self._llama = import_llama_cpp()
         lib = self._llama
         self.path = Path(gguf_path).expanduser()
         self.architecture = gguf_architecture(self.path)
         if kv_type not in KV_TYPES:
             raise ConfigError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
-        if not 2 <= int(n_seq_max) <= lib.llama_max_parallel_sequences():
+        if not 1 <= int(n_seq_max) <= lib.llama_max_parallel_sequences():
             raise ConfigError(
-                f"n_seq_max must lie in [2, {lib.llama_max_parallel_sequences()}] (llama.cpp's limit), got {n_seq_max}"
+                f"n_seq_max must lie in [1, {lib.llama_max_parallel_sequences()}] (llama.cpp's limit), got {n_seq_max}"
             )
         if int(n_batch) < 1:
             raise ConfigError(f"n_batch must be >= 1, got {n_batch}")
@@ -211,7 +230,6 @@ class LlamaCppAdapter:
         if threads < 1:
             raise ConfigError(f"n_threads must be >= 1, got {n_threads}")
         self.n_threads = threads
-        self._model = self._ctx = self._batch = None
 
         from llama_cpp import _logger
 
@@ -238,10 +256,15 @@ class LlamaCppAdapter:
         params.n_ctx = context
         params.n_batch = params.n_ubatch = min(int(n_batch), context)
         params.n_seq_max = int(n_seq_max)
+        # llama.cpp reserves room for at least n_seq_max output rows and asserts it fits n_outputs_max
+        params.n_outputs_max = max(params.n_batch, params.n_seq_max)
         params.n_threads = params.n_threads_batch = threads
         params.kv_unified = True  # one cell buffer: seq_cp tags cells instead of copying a stream
         params.swa_full = True  # sliding-window layers keep every cell, so a rollback never misses one
         params.type_k = params.type_v = KV_TYPES[kv_type]
+        # None: llama.cpp decides (on for CPUs); off, attention is computed in float32 throughout
+        params.flash_attn_type = {None: lib.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                  False: lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         params.no_perf = True
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
@@ -251,7 +274,8 @@ class LlamaCppAdapter:
             )
         self._memory = lib.llama_get_memory(self._ctx)
         self.vocab_size: int = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
-        self.max_context: int = int(lib.llama_n_ctx(self._ctx))
+        # llama.cpp rounds its cache up (to 256 cells); positions stay within the context asked for
+        self.max_context: int = min(context, int(lib.llama_n_ctx(self._ctx)))
         vocab = lib.llama_model_get_vocab(self._model)
         # the GGUF's end-of-sequence / end-of-turn tokens (-1 when absent), joined to the tokenizer's EOS
         self.eos_token_ids = tuple(sorted({int(t) for t in (lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)) if t >= 0}))
@@ -392,8 +416,8 @@ class LlamaCppAdapter:
         try:
             entry_seqs = self._assign_sequences(first, parents, ancestors, tail_entries=len(tail))
             logits = self._decode(tail + tokens, positions, entry_seqs, wanted)
-        except ConfigError:  # the whole round is dropped, with the sequence tags made for it
-            self._drop_from(self.committed_len)
+        except ConfigError:  # the whole round is dropped, with its sequence tags and any chunk already decoded
+            self._drop_from(self._cached_len)
             self._clear_tree()
             raise
         self._cached_len += len(tail)
@@ -440,7 +464,7 @@ class LlamaCppAdapter:
         seq = self._next_seq
         if seq >= self.n_seq_max:
             raise ConfigError(
-                f"the draft tree has more than {self.n_seq_max - 1} root-to-leaf paths, the sequence limit of this "
+                f"the draft tree has more than {self.n_seq_max} root-to-leaf paths, the sequence limit of this "
                 f"llama.cpp context (n_seq_max={self.n_seq_max}); use a narrower tree or create the adapter with a "
                 f"larger n_seq_max (at most {self._llama.llama_max_parallel_sequences()})"
             )
@@ -460,22 +484,24 @@ class LlamaCppAdapter:
             self._clear_tree()
 
     def commit(self, path: Sequence[int], next_token: int) -> None:
-        """Commit the root and the nodes of ``path``, then make ``next_token`` the pending root:
-        the path's cells are re-tagged as sequence 0 and every other speculative cell is freed."""
+        """Commit the root and the nodes of ``path``, then make ``next_token`` the pending root.
+
+        The cache keeps the root and the longest start of the path that is the chain of nodes
+        1, 2, ..., j (their cells directly follow the root's, in position order); every other cell
+        is freed, and the rest of the path waits in the pending tail, computed by the next forward
+        (see the module docstring: llama.cpp's attention needs cells in position order).
+        """
         path = check_commit_path(path, self.num_nodes, self._node_parents)
         if not self.num_nodes:
             self._tokens.append(int(next_token))
             return
-        root = self.committed_len
-        deepest = path[-1] if path else ROOT
-        seq = self._node_seq[deepest]
-        end = root + len(path) + 1
-        if seq != 0:
-            self._llama.llama_memory_seq_rm(self._memory, 0, root + 1, -1)
-            self._tag(seq, 0, end)
+        kept = 0
+        while kept < len(path) and path[kept] == kept + 1:
+            kept += 1
+        end = self.committed_len + kept + 1
         self._drop_from(end)
         self._tokens += [self._node_tokens[n] for n in path] + [int(next_token)]
-        self._cached_len = self.committed_len
+        self._cached_len = end
         self._clear_tree()
 
     def append_committed(self, tokens: Sequence[int], next_token: int) -> None:
