@@ -22,7 +22,9 @@ relative to n = 1.
 
 Held-out data: HumanEval 0-39 and Spec-Bench ids divisible by 5 are for evaluation only.
 
-Printed: tokens/s of each configuration per thread count (total tokens / total seconds), the
+Printed: tokens/s of each configuration per thread count (total tokens / total seconds, prefill
+included; and decoding alone: one-token forwards after the prefill, the anchor's first token being
+part of its prefill, as ours is part of the first round), the
 per-prompt spread (min..max) of the ratios, block efficiency of the speculative ones, and whether
 our plain llama.cpp decoding produced the anchor's tokens.
 """
@@ -46,14 +48,16 @@ CONFIGS = ("torch plain", "torch default", "llamacpp plain", "llamacpp default",
 CURVE_SIZES = (1, 2, 4, 8, 16)
 
 
-def anchor_generate(llama, ids: list[int], max_new_tokens: int) -> list[int]:
-    """llama-cpp-python's own greedy generation: ``Llama.generate`` with temperature 0."""
-    out = []
+def anchor_generate(llama, ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+    """llama-cpp-python's own greedy generation (``Llama.generate``, temperature 0): (tokens,
+    seconds from the first token to the last, i.e. the len - 1 one-token forwards after the prefill)."""
+    out, first = [], None
     for token in llama.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
         out.append(int(token))
+        first = time.perf_counter() if first is None else first
         if len(out) >= max_new_tokens:
             break
-    return out
+    return out, time.perf_counter() - first
 
 
 def cost_curve(adapter, prompt: list[int], repeats: int) -> dict[int, float]:
@@ -110,7 +114,8 @@ def main(argv=None) -> int:
     }
     warm = encode_prompt(tokenizer, "Write a function that adds two numbers.")
     results: dict = {"machine": platform.processor() or platform.machine(), "dtype": dtype_name,
-                     "gguf": gguf.name, "max_new_tokens": args.max_new_tokens, "threads": {}}
+                     "gguf": gguf.name, "max_new_tokens": args.max_new_tokens, "threads": {},
+                     "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for n_threads in threads:
         torch.set_num_threads(n_threads)
         llama_target.set_threads(n_threads)
@@ -126,12 +131,16 @@ def main(argv=None) -> int:
                 for name in CONFIGS[shift:] + CONFIGS[:shift]:
                     tic = time.perf_counter()
                     if name == "llama-cpp-python":
-                        tokens = anchor_generate(anchor, ids, args.max_new_tokens)
-                        row[name] = {"tokens": len(tokens), "seconds": time.perf_counter() - tic, "ids": tokens}
+                        tokens, decode = anchor_generate(anchor, ids, args.max_new_tokens)
+                        row[name] = {"tokens": len(tokens), "seconds": time.perf_counter() - tic, "ids": tokens,
+                                     "decode_rate": (len(tokens) - 1) / decode}
                     else:
                         out = decoders[name].generate(ids)
+                        # after the prefill of prompt[:-1], every token costs rounds (the first
+                        # round's forward includes the last prompt token, as the anchor's prefill does)
                         row[name] = {"tokens": out.new_tokens, "seconds": time.perf_counter() - tic,
-                                     "be": out.block_efficiency, "ids": out.token_ids}
+                                     "be": out.block_efficiency, "ids": out.token_ids,
+                                     "decode_rate": out.new_tokens / (out.seconds - out.prefill_seconds)}
                 per_prompt.append(row)
         del anchor
         totals = {name: sum(r[name]["tokens"] for r in per_prompt) / sum(r[name]["seconds"] for r in per_prompt) for name in CONFIGS}
@@ -140,9 +149,11 @@ def main(argv=None) -> int:
             ratios = [(r[a]["tokens"] / r[a]["seconds"]) / (r[b]["tokens"] / r[b]["seconds"]) for r in per_prompt]
             return min(ratios), max(ratios)
 
+        decode = {name: statistics.mean(r[name]["decode_rate"] for r in per_prompt) for name in CONFIGS}
         same = sum(r["llamacpp plain"]["ids"] == r["llama-cpp-python"]["ids"] for r in per_prompt)
         summary = {
             "tokens_per_second": totals,
+            "decode_tokens_per_second": decode,
             "block_efficiency": {name: statistics.mean(r[name]["be"] for r in per_prompt) for name in ("torch default", "llamacpp default")},
             "ratios": {
                 "llamacpp plain / llama-cpp-python": (totals["llamacpp plain"] / totals["llama-cpp-python"], spread("llamacpp plain", "llama-cpp-python")),
@@ -166,7 +177,10 @@ def main(argv=None) -> int:
               f"torch {dtype_name}, llama.cpp {gguf.name}")
         for name in CONFIGS:
             be = summary["block_efficiency"].get(name)
-            print(f"  {name:18s} {totals[name]:7.1f} tok/s" + (f"   BE {be:.2f}" if be else ""))
+            print(f"  {name:18s} {totals[name]:7.1f} tok/s with prefill, {decode[name]:7.1f} tok/s decoding"
+                  + (f"   BE {be:.2f}" if be else ""))
+        print(f"  decoding only: llamacpp plain / llama-cpp-python {decode['llamacpp plain'] / decode['llama-cpp-python']:.2f}x, "
+              f"llamacpp default / torch default {decode['llamacpp default'] / decode['torch default']:.2f}x")
         for label, (ratio, (low, high)) in summary["ratios"].items():
             print(f"  {label:36s} {ratio:5.2f}x  (per prompt {low:.2f}..{high:.2f})")
         print(f"  llamacpp plain tokens == llama-cpp-python's: {summary['plain_equals_anchor']} prompts")

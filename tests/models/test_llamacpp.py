@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.engine.test_greedy_default import LOSSLESS, _shape  # the same rules and draft shapes as on torch
 from tests.engine.tiny import exact_target_law, tiny_llama
 from tests.models.tiny_gguf import write_llama_gguf
 from verispec.core.rng import enumerate_outcomes
@@ -40,7 +41,6 @@ from verispec.models.hf import HFModelAdapter
 from verispec.models.llamacpp import LlamaCppAdapter, llamacpp_available
 from verispec.models.token_tree import AdjacencyTable
 from verispec.theory.enumerate import max_abs_difference
-from verispec.verify.registry import METHODS
 
 pytestmark = pytest.mark.skipif(llamacpp_available() is not None, reason=str(llamacpp_available()))
 
@@ -258,7 +258,6 @@ def test_engine_law_on_llamacpp_is_the_target_law(gguf_files, case):
 
 GREEDY_PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.", "List three colours of the rainbow."]
 GREEDY_TOKENS = 20
-LOSSLESS = [name for name, spec in METHODS.items() if spec.lossless and name != "otm"]
 
 
 @pytest.fixture(scope="module")
@@ -271,17 +270,6 @@ def default_gguf():
     prompts = [encode_prompt(tokenizer, text) for text in GREEDY_PROMPTS]
     plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     return target, prompts, [plain.generate(ids).token_ids for ids in prompts]
-
-
-def _shape(name):
-    spec = METHODS[name]
-    if spec.tree_scheme is not None and spec.tree_scheme.value == "deterministic":
-        return dict(tree=[2, 2, 1])
-    if spec.draft == "chain":
-        return dict(num_drafts=1, draft_len=4)
-    if spec.draft == "tree":
-        return dict(num_drafts=2, draft_len=3)
-    return dict(num_drafts=3, draft_len=3)
 
 
 @pytest.mark.slow

@@ -50,7 +50,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, ge
 
 from verispec.errors import ConfigError
 from verispec.models import check_backend
-from verispec.models.tree_round import ROOT, check_commit_path, check_prompt, place_nodes
+from verispec.models.tree_round import ROOT, RoundState, check_commit_path, check_prompt, place_nodes
 
 TREE_MASK_ATTENTION = ("eager", "sdpa")
 
@@ -245,7 +245,7 @@ def make_runner(model, backend: str = "auto"):
     return TransformersRunner(model)
 
 
-class HFModelAdapter:
+class HFModelAdapter(RoundState):
     """A transformers ``AutoModelForCausalLM`` behind reset / extend / commit, batch size 1.
 
     Node numbering within a round (between two commits): node 0 is the pending root, the nodes
@@ -278,20 +278,6 @@ class HFModelAdapter:
         self._feature_len = 0
 
     # ----------------------------------------------------------------- state
-
-    @property
-    def committed_len(self) -> int:
-        """Committed tokens before the pending root (the position of the root)."""
-        return len(self._tokens) - 1
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes in this round's speculative tree, root included once extended (next node number)."""
-        return len(self._node_tokens)
-
-    def tokens(self) -> list[int]:
-        """All committed tokens, pending root included."""
-        return list(self._tokens)
 
     def _check_position(self, position: int) -> None:
         if position >= self.max_context:

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from verispec.errors import ConfigError
-from verispec.models.tree_round import ROOT, check_commit_path, check_prompt, place_nodes
+from verispec.models.tree_round import ROOT, RoundState, check_commit_path, check_prompt, place_nodes
 
 LLAMACPP_VERSION = "0.3.36"  # pinned in pyproject's ``llamacpp`` extra: its C API was renamed twice in a year
 INSTALL_HINT = "pip install 'verispec[llamacpp]' (or `make setup-llamacpp`)"
@@ -186,7 +186,7 @@ def load_llamacpp_adapter(model, backend: str = "llamacpp", **options) -> "Llama
     return LlamaCppAdapter(gguf_of_target(model), **options)
 
 
-class LlamaCppAdapter:
+class LlamaCppAdapter(RoundState):
     """A GGUF model run by llama.cpp, with the ``HFModelAdapter`` contract (see the module docstring).
 
     gguf_path: the .gguf file; n_ctx: context length in tokens (default: the model's training
@@ -287,18 +287,6 @@ class LlamaCppAdapter:
         self._clear_tree()
 
     # ----------------------------------------------------------------- state
-
-    @property
-    def committed_len(self) -> int:
-        """Committed tokens before the pending root (the position of the root)."""
-        return len(self._tokens) - 1
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self._node_tokens)
-
-    def tokens(self) -> list[int]:
-        return list(self._tokens)
 
     def set_threads(self, n_threads: int) -> None:
         """Run later forwards on ``n_threads`` CPU threads."""

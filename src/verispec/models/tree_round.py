@@ -15,6 +15,28 @@ from verispec.errors import ConfigError, InvalidDraftError
 ROOT = 0
 
 
+class RoundState:
+    """The views of a round's state both adapters offer: ``_tokens`` (committed tokens, pending
+    root last) and ``_node_tokens`` (this round's tree, root first once extended)."""
+
+    _tokens: list[int]
+    _node_tokens: list[int]
+
+    @property
+    def committed_len(self) -> int:
+        """Committed tokens before the pending root (the position of the root)."""
+        return len(self._tokens) - 1
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in this round's speculative tree, root included once extended (next node number)."""
+        return len(self._node_tokens)
+
+    def tokens(self) -> list[int]:
+        """All committed tokens, pending root included."""
+        return list(self._tokens)
+
+
 def check_prompt(prompt_ids: Sequence[int], max_context: int) -> list[int]:
     """The prompt as ints: at least one token, and room left for one generated token."""
     prompt = [int(t) for t in prompt_ids]
