@@ -107,7 +107,7 @@ def test_scores_after_commits_and_rollbacks_equal_a_fresh_prefill(gguf_files):
     adapter = open_adapter(gguf_files["target", VOCAB])
     adapter.reset(PROMPT)
     adapter.score(TREE_TOKENS, TREE_PARENTS)
-    adapter.commit([1, 3, 6], 13)  # a path on another sequence than the first: cells re-tagged
+    adapter.commit([1, 3, 6], 13)  # a path off the first chain: nodes 3 and 6 are re-fed by the next forward
     adapter.score([-1, 2], [-1, 0])
     adapter.rollback()
     adapter.score(TREE_TOKENS, TREE_PARENTS)
@@ -299,6 +299,27 @@ def test_default_token_trees_reproduce_greedy_llamacpp_output(default_gguf):
         accepted += sum(step.accepted_len for step in output.steps)
         assert max(step.tree_nodes for step in output.steps) > 4
     assert accepted > 0  # draft tokens were really accepted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [[1, 3], [2], [2, 4]])
+def test_commits_off_the_first_chain_leave_exact_rows_on_the_default_gguf(default_gguf, path):
+    """Regression: re-tagging the cells of an accepted path that skips a node put the next token's
+    cell before a committed one, and llama.cpp's attention then moved the default target's logits by
+    up to 1.1; the adapter keeps cells in position order, so the rows stay bit-identical."""
+    from verispec.models.llamacpp import load_llamacpp_adapter
+
+    target, prompts, _ = default_gguf
+    fresh = load_llamacpp_adapter("default", n_threads=1)
+    target.reset(prompts[0])
+    # root -> {1 -> 3, 2 -> 4}, numbered level by level: every path skips a node
+    target.score([-1, 100, 101, 102, 103], [-1, 0, 0, 1, 2])
+    target.commit(path, 7)
+    for _ in range(3):
+        row = target.score([-1], [-1])[0]
+        fresh.reset(target.tokens())
+        assert torch.equal(row, fresh.score([-1], [-1])[0])
+        target.commit([], 9)
 
 
 # ------------------------------------------------------------------------------------ bad input
