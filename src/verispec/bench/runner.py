@@ -23,7 +23,7 @@ from verispec.bench.datasets import Dataset, load_dataset
 from verispec.bench.metrics import BASELINE, PromptRecord, SummaryRow, config_label, summarize
 from verispec.bench.replay import TREES_DIR, TreeRecorder
 from verispec.core.tree import DraftScheme
-from verispec.engine.decoder import SpeculativeDecoder
+from verispec.engine.decoder import SpeculativeDecoder, _as_adapter, draft_backend
 from verispec.errors import ConfigError
 from verispec.models.default import fast_dtype_name
 from verispec.verify.registry import get_method
@@ -66,15 +66,12 @@ def prompt_seed(seed: int, index: int) -> int:
     return int(seed) * 1_000_000 + int(index)
 
 
-def _adapter(model, backend: str):
-    from verispec.models.hf import HFModelAdapter
-
-    return model if isinstance(model, HFModelAdapter) else HFModelAdapter(model, backend=backend)
-
-
 def _is_neural(draft) -> bool:
     from verispec.engine.head_drafter import is_head_source  # a draft head is built by the decoder, on the target
+    from verispec.models.llamacpp import is_gguf_source
 
+    if is_gguf_source(draft):  # a GGUF draft model, opened once on llama.cpp
+        return True
     return draft is not None and not isinstance(draft, str) and not hasattr(draft, "begin_round") and not is_head_source(draft)
 
 
@@ -84,9 +81,9 @@ class Sweep:
 
     def __init__(self, config: BenchConfig, target, tokenizer, draft="ngram", datasets: Sequence[Dataset] | None = None):
         self.config = config
-        self.target = _adapter(target, config.backend)
+        self.target = _as_adapter(target, backend=config.backend)
         self.tokenizer = tokenizer
-        self.draft = _adapter(draft, config.backend) if _is_neural(draft) else draft
+        self.draft = _as_adapter(draft, backend=draft_backend(config.backend, draft)) if _is_neural(draft) else draft
         if config.anchor and not _is_neural(draft):
             raise ConfigError(
                 "--anchor compares with transformers' assisted generation, which needs a neural draft: "
@@ -235,7 +232,7 @@ class Sweep:
         import transformers
 
         return {
-            "target": self.config.target or _describe(self.target.model),
+            "target": self.config.target or _describe(getattr(self.target, "model", self.target)),
             "draft": self.config.draft or (self.draft if isinstance(self.draft, str) else
                                            "auto (tree for q-free methods, else ngram)" if self.draft is None else
                                            _describe(getattr(self.draft, "model", self.draft))),

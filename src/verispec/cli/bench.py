@@ -37,7 +37,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto (default): bf16 where the CPU has native bf16, else fp32")
     parser.add_argument("--device", type=flags.device, default=None, help="cpu (default) or cuda[:N] (needs a CUDA build of torch)")
     parser.add_argument("--backend", default=None, choices=BACKENDS,
-                        help="model forward: native Llama forward when possible (auto, default) or transformers'")
+                        help="model forward: native Llama forward when possible (auto, default), transformers', or "
+                             "llamacpp (the target's GGUF through llama.cpp; see docs/llamacpp.md)")
     parser.add_argument("--threads", type=flags.int_at_least(1), default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--top-k", type=flags.int_at_least(0, " (0 disables it)"), default=None)
     parser.add_argument("--top-p", type=flags.top_p, default=None)
@@ -106,10 +107,16 @@ def load_models(config):
     rules, n-gram otherwise), 'ngram', 'tree' or a loaded model."""
     from verispec.cli.generate import resolve_dtype
     from verispec.models.default import load_model
+    from verispec.models.llamacpp import is_gguf_source, load_gguf_tokenizer
 
-    target_model, tokenizer = load_model(config.target, resolve_dtype(config.dtype), config.device)
+    if config.backend == "llamacpp":  # the target stays a GGUF name or path, opened on llama.cpp by the sweep
+        target_model, tokenizer = config.target or "default", load_gguf_tokenizer(config.target)
+    else:
+        target_model, tokenizer = load_model(config.target, resolve_dtype(config.dtype), config.device)
     if config.draft is None:
         return target_model, tokenizer, None
+    if is_gguf_source(config.draft):  # opened once on llama.cpp by the sweep
+        return target_model, tokenizer, config.draft
     if config.draft in ("default", "ngram", "tree"):
         return target_model, tokenizer, "ngram" if config.draft == "default" else config.draft
     from verispec.engine.head_drafter import is_head_source

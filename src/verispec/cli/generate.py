@@ -24,11 +24,18 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_pair(target: str | None, draft: str | None, dtype: str, device: str, need_draft: bool = True):
-    """(target model, tokenizer, draft) from CLI flags; draft None means the default draft."""
-    from verispec.models.default import load_model
+def load_pair(target: str | None, draft: str | None, dtype: str, device: str, need_draft: bool = True, backend: str = "auto"):
+    """(target model, tokenizer, draft) from CLI flags; draft None means the default draft.
 
-    target_model, tokenizer = load_model(target, resolve_dtype(dtype), device)
+    backend "llamacpp": the target stays a GGUF name or path (the decoder opens it in llama.cpp)
+    and only its tokenizer is loaded; a .gguf draft also runs on llama.cpp, any other on torch."""
+    from verispec.models.default import load_model
+    from verispec.models.llamacpp import is_gguf_source, load_gguf_tokenizer
+
+    if backend == "llamacpp":
+        target_model, tokenizer = target or "default", load_gguf_tokenizer(target)
+    else:
+        target_model, tokenizer = load_model(target, resolve_dtype(dtype), device)
     if not need_draft:
         return target_model, tokenizer, None
     import verispec.models.default_draft  # noqa: F401  registers the sub-vocabulary draft architecture
@@ -47,6 +54,8 @@ def load_pair(target: str | None, draft: str | None, dtype: str, device: str, ne
         # the shipped trained draft when there is one, else the training-free n-gram draft
         shipped = verispec.models.default_draft.load_default_draft(resolve_dtype(dtype), device) if target in (None, "default") else None
         draft_model = shipped if shipped is not None else "ngram"
+    elif is_gguf_source(draft):  # opened by the decoder, on llama.cpp
+        draft_model = draft
     else:
         draft_model, _ = load_model(draft, resolve_dtype(dtype), device)
     return target_model, tokenizer, draft_model
@@ -128,7 +137,7 @@ def run_generate(args) -> int:
 
     prepare_output_file(args.stats_json)
     set_threads(args.threads)
-    target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, args.method != "ar")
+    target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, args.method != "ar", args.backend)
     decoder = _decoder(args, target_model, tokenizer, draft_model)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat)
     output = decode_and_print(decoder, prompt_ids, args.stream)
@@ -151,12 +160,12 @@ def run_demo(args) -> int:
 
     from verispec.bench.datasets import humaneval_prompts
     from verispec.models.default import encode_prompt
-    from verispec.models.hf import HFModelAdapter
+    from verispec.engine.decoder import _as_adapter
 
     set_threads(args.threads)
-    target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device)
+    target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, backend=args.backend)
     args.tree, args.stop = None, ()
-    target = HFModelAdapter(target_model, device=args.device, backend=args.backend)  # one cache for both decoders
+    target = _as_adapter(target_model, args.device, args.backend)  # one cache for both decoders
     plain = _decoder(args, target, tokenizer, None, method="ar")
     spec = _decoder(args, target, tokenizer, draft_model)
     table = Table(title=f"{spec.method} K={spec.num_drafts} L={spec.draft_len} vs plain decoding, T={args.temperature}, {args.dtype}, draft={_draft_name(spec)}")

@@ -41,7 +41,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=flags.device, default="cpu", help="cpu (default) or cuda[:N] (needs a CUDA build of torch)")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="model forward: the native Llama forward when the model qualifies (auto, default), "
-                             "or transformers' own forward")
+                             "transformers' own forward, or llamacpp: the target's GGUF file through llama.cpp "
+                             "(--target default, gemma3-270m or a .gguf path; a .gguf --draft runs there too; "
+                             "needs pip install 'verispec[llamacpp]')")
 
 
 def _add_threads_flag(parser: argparse.ArgumentParser) -> None:

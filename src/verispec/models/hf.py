@@ -48,10 +48,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
-from verispec.errors import ConfigError, InvalidDraftError
+from verispec.errors import ConfigError
 from verispec.models import check_backend
+from verispec.models.tree_round import ROOT, RoundState, check_commit_path, check_prompt, place_nodes
 
-ROOT = 0
 TREE_MASK_ATTENTION = ("eager", "sdpa")
 
 
@@ -230,7 +230,12 @@ def make_runner(model, backend: str = "auto"):
     """The runner for ``backend`` ("auto", "native" or "transformers"; see the module docstring)."""
     from verispec.models.native_llama import NativeLlamaRunner, supports
 
-    if check_backend(backend) == "transformers":
+    if check_backend(backend) == "llamacpp":
+        raise ConfigError(
+            "backend 'llamacpp' runs GGUF files through llama.cpp, not a transformers model; give the target as a "
+            ".gguf path (or 'default' / 'gemma3-270m'), or use backend 'auto'"
+        )
+    if backend == "transformers":
         return TransformersRunner(model)
     reason = supports(model)
     if reason is None:
@@ -240,7 +245,7 @@ def make_runner(model, backend: str = "auto"):
     return TransformersRunner(model)
 
 
-class HFModelAdapter:
+class HFModelAdapter(RoundState):
     """A transformers ``AutoModelForCausalLM`` behind reset / extend / commit, batch size 1.
 
     Node numbering within a round (between two commits): node 0 is the pending root, the nodes
@@ -275,20 +280,6 @@ class HFModelAdapter:
         self._feature_len = 0
 
     # ----------------------------------------------------------------- state
-
-    @property
-    def committed_len(self) -> int:
-        """Committed tokens before the pending root (the position of the root)."""
-        return len(self._tokens) - 1
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes in this round's speculative tree, root included once extended (next node number)."""
-        return len(self._node_tokens)
-
-    def tokens(self) -> list[int]:
-        """All committed tokens, pending root included."""
-        return list(self._tokens)
 
     def _check_position(self, position: int) -> None:
         if position >= self.max_context:
@@ -381,14 +372,7 @@ class HFModelAdapter:
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         """Start a sequence: prefill prompt_ids[:-1] in one forward; prompt_ids[-1] becomes the pending root."""
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ConfigError("empty prompt: give at least one token id (e.g. the BOS token)")
-        if len(prompt) >= self.max_context:
-            raise ConfigError(
-                f"prompt of {len(prompt)} tokens does not fit the model's context of {self.max_context} "
-                "tokens (it must leave room for one generated token); truncate the prompt"
-            )
+        prompt = check_prompt(prompt_ids, self.max_context)
         self.runner.reset()
         self._feature_len = 0
         self._cached_len = 0
@@ -407,37 +391,13 @@ class HFModelAdapter:
         tokens[0] = pending root (or -1), parents[0] = -1; its row holds p(.|committed context).
         One forward; committed tokens are never recomputed.
         """
-        tokens, parents = [int(t) for t in tokens], [int(p) for p in parents]
-        if len(tokens) != len(parents):
-            raise InvalidDraftError(
-                f"extend got {len(tokens)} tokens but {len(parents)} parents; give one parent per token"
-            )
-        if not tokens:
+        if len(tokens) == len(parents) == 0:
             return torch.empty(0, self.vocab_size)
         first = self.num_nodes
-        depths, ancestors = [], []
-        for i, (token, parent) in enumerate(zip(tokens, parents)):
-            node = first + i
-            if node == ROOT:
-                if parent != -1 or token not in (-1, self._tokens[-1]):
-                    raise InvalidDraftError(
-                        f"the first extend() of a round must start with the root (token {self._tokens[-1]} "
-                        f"or -1, parent -1), got token {token} with parent {parent}"
-                    )
-                depths.append(0)
-                ancestors.append([ROOT])
-                continue
-            if not 0 <= parent < node:
-                raise InvalidDraftError(
-                    f"node {node} (token {token}) has parent {parent}; a parent must be the root (0) "
-                    f"or an earlier node (< {node})"
-                )
-            parent_depth, parent_path = self._node_info(parent, first, depths, ancestors)
-            depths.append(parent_depth + 1)
-            ancestors.append(parent_path + [node])
+        tokens, parents, depths, ancestors = place_nodes(
+            tokens, parents, first, self._tokens[-1], lambda node: (self._node_depths[node], self._node_ancestors[node])
+        )
         self._check_position(self.committed_len + max(depths))
-        if first == ROOT:
-            tokens[0] = self._tokens[-1]
 
         # Committed tokens still pending (minus the root, which is node 0) ride along, causally.
         tail = self._tokens[self._cached_len : -1] if first == ROOT else []
@@ -454,12 +414,6 @@ class HFModelAdapter:
         self._node_depths += depths
         self._node_ancestors += ancestors
         return logits
-
-    def _node_info(self, node: int, first: int, depths: list[int], ancestors: list[list[int]]):
-        """(depth, root path) of a node already in the tree or added earlier in this call."""
-        if node < first:
-            return self._node_depths[node], self._node_ancestors[node]
-        return depths[node - first], ancestors[node - first]
 
     def score(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Score a whole draft tree from the root in one forward (tokens[0] is the root, parents[0] = -1).
@@ -486,24 +440,10 @@ class HFModelAdapter:
         speculative entry is dropped from the cache. If the root was not extended this round the
         path must be empty, and the root waits in the pending tail for the next forward.
         """
-        path = [int(n) for n in path]
+        path = check_commit_path(path, self.num_nodes, self._node_parents)
         if not self.num_nodes:
-            if path:
-                raise InvalidDraftError(f"commit path {path} names nodes, but none was extended this round")
             self._tokens.append(int(next_token))
             return
-        parent = ROOT
-        for node in path:
-            if not 0 < node < self.num_nodes:
-                raise InvalidDraftError(
-                    f"commit path {path}: node {node} does not exist (this round has nodes 1..{self.num_nodes - 1})"
-                )
-            if self._node_parents[node] != parent:
-                raise InvalidDraftError(
-                    f"commit path {path} is not a root-to-node path: node {node} has parent "
-                    f"{self._node_parents[node]}, not {parent}"
-                )
-            parent = node
         root_index = self.committed_len
         self._keep(root_index + 1, [root_index + n for n in path])
         self._tokens += [self._node_tokens[n] for n in path] + [int(next_token)]

@@ -31,18 +31,23 @@ def build_workers(target_model, draft, tokenizer, workers: int, backend: str = "
     """``workers`` decoding slots over ONE target model (and one draft model): each gets its own
     adapters, hence its own KV caches; the ``torch`` modules and their weights are shared.
 
-    draft: a transformers model, "ngram" or None (plain decoding only).
+    draft: a transformers model, "ngram", a .gguf path (llama.cpp) or None (plain decoding only).
+    target_model: a transformers model, or with backend "llamacpp" a GGUF path / target name.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    from verispec.engine.decoder import _as_adapter, draft_backend
+    from verispec.models.llamacpp import is_gguf_source
+
     slots = []
     for index in range(workers):
-        target = HFModelAdapter(target_model, backend=backend)
-        draft_slot = draft if draft is None or isinstance(draft, str) else HFModelAdapter(draft, backend=backend)
+        target = _as_adapter(target_model, backend=backend)  # a GGUF target: one llama.cpp context per worker
+        draft_slot = draft
+        if is_gguf_source(draft) or not (draft is None or isinstance(draft, str)):
+            draft_slot = _as_adapter(draft, backend=draft_backend(backend, draft))
         if slots:
             share_packed_weights(slots[0].target, target)
-            if not isinstance(draft_slot, (str, type(None))):
-                share_packed_weights(slots[0].draft, draft_slot)
+            share_packed_weights(slots[0].draft, draft_slot)
         slots.append(Worker(index, target, draft_slot, tokenizer))
     return slots
 
@@ -57,6 +62,8 @@ def share_packed_weights(first: HFModelAdapter, other: HFModelAdapter) -> bool:
     """
     from verispec.models.native_llama import NativeLlamaRunner
 
+    if not (isinstance(first, HFModelAdapter) and isinstance(other, HFModelAdapter)):
+        return False  # n-gram drafts, llama.cpp (which maps the GGUF's weights once for every context)
     mine, theirs = first.runner, other.runner
     if not (isinstance(mine, NativeLlamaRunner) and isinstance(theirs, NativeLlamaRunner)):
         return False  # the transformers runner multiplies with the module's own (shared) weights

@@ -242,6 +242,9 @@ class WorkerPool:
     # ----------------------------------------------------------------- worker
     def _serve(self, worker: Worker) -> None:
         torch.set_num_threads(self.threads_per_worker)
+        for adapter in (worker.target, worker.draft):
+            if hasattr(adapter, "set_threads"):  # llama.cpp contexts keep their own thread count
+                adapter.set_threads(self.threads_per_worker)
         while True:
             job = self._queue.get()
             if job is None:
