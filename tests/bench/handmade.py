@@ -1,7 +1,7 @@
 """Hand-made engine outputs and prompt records for the metric and writer tests."""
 
 from verispec.bench.metrics import PromptRecord
-from verispec.engine.decoder import GenerationOutput, StepStats
+from verispec.engine.results import GenerationOutput, StepStats
 
 
 def step(tau, draft_len=4, new_tokens=None, draft=0.1, target=0.15, verify=0.02, other=0.03):

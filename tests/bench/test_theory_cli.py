@@ -29,4 +29,4 @@ def test_theory_cli_prints_the_table_and_the_best_length(capsys):
 
 def test_theory_cli_rejects_bad_alpha(capsys):
     assert main(["theory", "speedup", "--alpha", "1.5", "-L", "4"]) == 2
-    assert "--alpha must lie in [0, 1]" in capsys.readouterr().err
+    assert "argument --alpha: must lie in [0, 1]" in capsys.readouterr().err

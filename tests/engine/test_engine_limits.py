@@ -6,7 +6,8 @@ the draft's context (the partial output is kept)."""
 import pytest
 
 from tests.engine.tiny import tiny_llama
-from verispec.engine.decoder import MAX_TREE_NODES, SpeculativeDecoder
+from verispec.engine.checks import MAX_TREE_NODES
+from verispec.engine.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 
 

@@ -45,9 +45,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from verispec.core.rng import Rng
-from verispec.engine.decoder import GenerationOutput, SpeculativeDecoder, check_max_new_tokens, check_stop_strings
+from verispec.engine.checks import check_max_new_tokens, check_stop_strings
+from verispec.engine.results import GenerationOutput
 from verispec.engine.drafters import NGramDrafter, TokenTreeDrafter
 from verispec.errors import ConfigError
 from verispec.models.batch_runner import BatchedLlamaRunner, SlotRunner
@@ -106,7 +108,7 @@ class _Sequence:
 
     index: int
     prompt: object
-    decoder: SpeculativeDecoder | None = None
+    decoder: Any = None  # this sequence's own SpeculativeDecoder
     rng: Rng | None = None
     slot: SlotRunner | None = None
     thread: threading.Thread | None = None
@@ -136,7 +138,7 @@ class BatchDecoder:
     """Decodes batches of prompts with the settings of ``decoder`` (a ``SpeculativeDecoder`` whose
     target runs on the native Llama runner). Holds the slotted KV cache between calls."""
 
-    def __init__(self, decoder: SpeculativeDecoder, max_batch: int = 8):
+    def __init__(self, decoder, max_batch: int = 8):
         if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
             raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         drafter = decoder.drafter
@@ -187,11 +189,12 @@ class BatchDecoder:
             drafter.calibrate(self.decoder.target)
             return
 
-    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop) -> SpeculativeDecoder:
+    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop):
         """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``."""
         parent = self.decoder
         params, draft_params = parent.params, parent.draft_params
-        decoder = SpeculativeDecoder(
+        # the parent's own class (not imported: engine.decoder imports this module for generate_batch)
+        decoder = type(parent)(
             adapter,
             self._drafter(),
             tokenizer=parent.tokenizer,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -23,8 +23,21 @@ from verispec.core.seeds import check_seed
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.chain_policy import ChainLengthPolicy
 from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
+from verispec.engine.checks import (
+    AUTO_MAX_DRAFT_LEN,
+    DEFAULT_DRAFT_LEN,
+    MAX_DRAFT_LEN,
+    MAX_DRAFTS,
+    OTM_MAX_TUPLES,
+    check_max_new_tokens,
+    check_prompt_ids,
+    check_stop_strings,
+    check_tree_shape,
+    eos_token_ids,
+)
 from verispec.engine.cost_model import OnlineCostModel, RoundDecision
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
+from verispec.engine.results import GenerationOutput, StepStats
 from verispec.engine.head_drafter import CONTEXT_ONLY_Q_RULES, HeadDrafter, is_head_source, load_head_source
 from verispec.engine.streaming import TextStream, stop_cut
 from verispec.errors import ConfigError
@@ -32,190 +45,6 @@ from verispec.verify.modification import advance_windows, modify_tree_targets
 from verispec.verify.qfree import qfree_walk
 from verispec.verify.base import VerifyResult
 from verispec.verify.registry import MethodSpec, get_method
-
-MAX_DRAFTS = 64
-MAX_DRAFT_LEN = 64
-DEFAULT_DRAFT_LEN = 4  # L when it is not given and not chosen per round
-AUTO_MAX_DRAFT_LEN = 8  # the longest chain the per-round choice of L may pick
-MAX_TREE_NODES = MAX_DRAFTS * MAX_DRAFT_LEN  # as many nodes as the largest K x L i.i.d. paths
-OTM_MAX_TUPLES = 20_000
-
-
-@dataclass
-class StepStats:
-    """One round. accepted_len = tau (draft tokens kept); new_tokens = tau + 1 before truncation
-    at EOS / max_new_tokens; times in seconds."""
-
-    accepted_len: int
-    new_tokens: int
-    drafted_tokens: int
-    tree_nodes: int
-    draft_seconds: float
-    target_seconds: float
-    verify_seconds: float
-    other_seconds: float
-    target_calls: int = 1
-    draft_calls: int = 0
-    policy: RoundDecision | None = None  # the size policy's choice (token trees, adaptive L)
-
-
-@dataclass
-class GenerationOutput:
-    """Result of ``generate``. Block efficiency = new tokens / target calls during decoding
-    (prefill excluded, DESIGN.md §5)."""
-
-    method: str
-    num_drafts: int
-    draft_len: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    text: str
-    steps: list[StepStats]
-    seconds: float
-    prefill_seconds: float
-    stop_reason: str
-    sampling: dict = field(default_factory=dict)
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def target_calls(self) -> int:
-        return sum(step.target_calls for step in self.steps)
-
-    @property
-    def draft_calls(self) -> int:
-        return sum(step.draft_calls for step in self.steps)
-
-    @property
-    def block_efficiency(self) -> float:
-        return self.new_tokens / self.target_calls if self.target_calls else 0.0
-
-    @property
-    def mean_accepted_len(self) -> float:
-        return float(np.mean([s.accepted_len for s in self.steps])) if self.steps else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """mean tau / L (DESIGN.md §5)."""
-        return self.mean_accepted_len / self.draft_len if self.draft_len else 0.0
-
-    def position_acceptance(self) -> list[float]:
-        """a_i = P(tau >= i | tau >= i-1), i = 1..L, estimated over the rounds that drafted
-        position i (a plain round of an adaptive policy drafts none)."""
-        taus = np.array([s.accepted_len for s in self.steps])
-        drafted = np.array([s.drafted_tokens for s in self.steps])
-        rates = []
-        for i in range(1, self.draft_len + 1):
-            reached = int(((taus >= i - 1) & (drafted >= i)).sum())
-            rates.append(float((taus >= i).sum() / reached) if reached else 0.0)
-        return rates
-
-    @property
-    def root_only_rounds(self) -> int:
-        """Rounds of a speculative method that scored one token (plain rounds chosen by the policy)."""
-        return sum(1 for s in self.steps if s.policy is not None and s.policy.scored_tokens == 1)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def time_breakdown(self) -> dict[str, float]:
-        return {
-            part: float(sum(getattr(s, f"{part}_seconds") for s in self.steps))
-            for part in ("draft", "target", "verify", "other")
-        }
-
-    def to_dict(self) -> dict:
-        return {
-            "method": self.method,
-            "K": self.num_drafts,
-            "L": self.draft_len,
-            "new_tokens": self.new_tokens,
-            "token_ids": self.token_ids,
-            "text": self.text,
-            "target_calls": self.target_calls,
-            "draft_calls": self.draft_calls,
-            "block_efficiency": self.block_efficiency,
-            "mean_accepted_len": self.mean_accepted_len,
-            "acceptance_rate": self.acceptance_rate,
-            "position_acceptance": self.position_acceptance(),
-            "tokens_per_second": self.tokens_per_second,
-            "seconds": self.seconds,
-            "prefill_seconds": self.prefill_seconds,
-            "time_breakdown": self.time_breakdown(),
-            "stop_reason": self.stop_reason,
-            "root_only_rounds": self.root_only_rounds,
-            "sampling": self.sampling,
-            "steps": [asdict(step) for step in self.steps],
-        }
-
-
-def check_max_new_tokens(max_new_tokens) -> int:
-    """max_new_tokens as an int >= 1 (a fractional or boolean value is a ConfigError)."""
-    if isinstance(max_new_tokens, bool) or not float(max_new_tokens).is_integer() or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    return int(max_new_tokens)
-
-
-def check_stop_strings(stop) -> tuple[str, ...]:
-    if isinstance(stop, str):
-        raise ConfigError(f"stop must be a list of strings, got the string {stop!r}; write stop=[{stop!r}]")
-    stop = tuple(stop)
-    if any(not isinstance(s, str) or not s for s in stop):
-        raise ConfigError(f"stop strings must be non-empty strings, got {list(stop)!r}; drop the empty ones")
-    return stop
-
-
-def eos_token_ids(eos_token_id, tokenizer, target) -> set[int]:
-    """The EOS ids: ``eos_token_id`` if given, else, with a tokenizer, the union of the tokenizer's
-    EOS and the target model's ``generation_config.eos_token_id`` (chat models often list several,
-    e.g. <|im_end|> and <|endoftext|>). Token-id decoding without a tokenizer has no implicit EOS."""
-    if eos_token_id is None:
-        if tokenizer is None:
-            return set()
-        found = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-        config = getattr(getattr(target, "model", None), "generation_config", None)
-        if config is not None and getattr(config, "eos_token_id", None) is not None:
-            found += list(np.atleast_1d(config.eos_token_id))
-        found += list(getattr(target, "eos_token_ids", ()))  # a GGUF's own end tokens (llama.cpp backend)
-        eos_token_id = found
-    ids = [e for e in np.atleast_1d(np.asarray(eos_token_id, dtype=object)).tolist()]
-    bad = [e for e in ids if isinstance(e, bool) or not float(e).is_integer() or e < 0]
-    if bad:
-        raise ConfigError(f"eos_token_id must be token ids >= 0, got {bad!r}; pass [] for no EOS")
-    return {int(e) for e in ids}
-
-
-def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
-    """Prompt token ids as ints in [0, vocab_size), else a ConfigError naming the offenders."""
-    ids = [int(t) for t in prompt]
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ConfigError(
-            f"prompt token ids must lie in [0, {vocab_size}) (the target's vocabulary), got {bad[:5]}; "
-            "encode the prompt with the target's tokenizer"
-        )
-    return ids
-
-
-def check_tree_shape(tree) -> list[int]:
-    """Children per depth, within the K / L limits and at most MAX_TREE_NODES nodes."""
-    tree = [int(width) for width in tree]
-    if not tree or min(tree) < 1:
-        raise ConfigError(f"tree must list >= 1 children per depth, got {tree}")
-    if len(tree) > MAX_DRAFT_LEN or max(tree) > MAX_DRAFTS:
-        raise ConfigError(
-            f"tree {tree}: at most {MAX_DRAFT_LEN} depths (L) of at most {MAX_DRAFTS} children (K) each"
-        )
-    nodes, width = 0, 1
-    for children in tree:
-        width *= children
-        nodes += width
-        if nodes > MAX_TREE_NODES:
-            raise ConfigError(f"tree {tree} has more than {MAX_TREE_NODES} nodes; use fewer children per depth")
-    return tree
 
 
 def _as_adapter(model, device=None, backend: str = "auto"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from verispec.engine.decoder import MAX_DRAFT_LEN
+from verispec.engine.checks import MAX_DRAFT_LEN
 
 BLOCK_EFFICIENCY_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 65.0)
 # accepted length tau is an integer: bucket k holds tau <= k

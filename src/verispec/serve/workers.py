@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.core.threads import default_threads
-from verispec.engine.decoder import GenerationOutput, SpeculativeDecoder
+from verispec.engine.decoder import SpeculativeDecoder
+from verispec.engine.results import GenerationOutput
 from verispec.engine.streaming import TextStream
 
 LOG = logging.getLogger(__name__)

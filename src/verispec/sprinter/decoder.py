@@ -30,7 +30,8 @@ import numpy as np
 
 from verispec.core.rng import SeededRng
 from verispec.core.sampling import SamplingParams, logits_to_probs
-from verispec.engine.decoder import GenerationOutput, StepStats, TextDecoding, _as_adapter
+from verispec.engine.decoder import TextDecoding, _as_adapter
+from verispec.engine.results import GenerationOutput, StepStats
 from verispec.engine.drafters import ModelDrafter, NGramDrafter
 from verispec.engine.streaming import stop_cut
 from verispec.errors import ConfigError
