@@ -19,6 +19,9 @@ Stream layout (numpy's Philox4x64-10, a counter-based block cipher):
              0, 1, ... of position t, four per block; word x belongs to token x
   uniform  u(t, x) = ((word >> 11) + 0.5) / 2**53, in the open interval (0, 1)
   Gumbel   G(seed, t, x) = -log(-log(u(t, x)))
+The draw is computed as the equivalent exponential race argmax_x p(x) / E(t, x), with
+E = -log u ~ Exp(1) (log p + G = log p - log E): one logarithm per token and position, cached per
+position, instead of three per token and node.
 Positions never share a block (word 0 would have to run past 2**64 blocks), and token x's
 number does not depend on V (a longer vocabulary only appends words).
 
@@ -56,35 +59,41 @@ class GumbelNoise:
 
     def __init__(self, seed: int):
         self.seed = check_seed(seed)
-        self._words: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._exponentials: OrderedDict[int, np.ndarray] = OrderedDict()
 
-    def words(self, position: int, size: int) -> np.ndarray:
-        """The first ``size`` uint64 words of position ``position`` (cached per position)."""
+    @staticmethod
+    def words(seed: int, position: int, size: int) -> np.ndarray:
+        """The first ``size`` uint64 words of position ``position`` (the stream layout above)."""
         if position < 0:
             raise ConfigError(f"noise position must be >= 0, got {position}")
-        cached = self._words.get(position)
-        if cached is None or len(cached) < size:
-            cached = np.random.Philox(key=self.seed, counter=[0, position, 0, 0]).random_raw(size)
-            self._words[position] = cached
-            if len(self._words) > CACHED_POSITIONS:
-                self._words.popitem(last=False)
-        else:
-            self._words.move_to_end(position)
-        return cached
+        return np.random.Philox(key=seed, counter=[0, position, 0, 0]).random_raw(size)
 
-    def gumbel(self, position: int, ids: np.ndarray) -> np.ndarray:
-        """G(seed, position, ids) (float64, shape of ids)."""
+    def exponentials(self, position: int, ids: np.ndarray) -> np.ndarray:
+        """E(seed, position, ids) = -log u (float64, shape of ids), cached per position."""
         ids = np.asarray(ids, dtype=np.int64)
         if not ids.size:
             return np.zeros(ids.shape)
-        words = self.words(position, int(ids.max()) + 1)[ids]
-        uniform = ((words >> np.uint64(11)).astype(np.float64) + 0.5) * _UNIFORM_SCALE
-        return -np.log(-np.log(uniform))
+        size = int(ids.max()) + 1
+        cached = self._exponentials.get(position)
+        if cached is None or len(cached) < size:
+            uniform = ((self.words(self.seed, position, size) >> np.uint64(11)).astype(np.float64) + 0.5) * _UNIFORM_SCALE
+            cached = -np.log(uniform)
+            self._exponentials[position] = cached
+            if len(self._exponentials) > CACHED_POSITIONS:
+                self._exponentials.popitem(last=False)
+        else:
+            self._exponentials.move_to_end(position)
+        return cached[ids]
+
+    def gumbel(self, position: int, ids: np.ndarray) -> np.ndarray:
+        """G(seed, position, ids) = -log E (float64, shape of ids)."""
+        return -np.log(self.exponentials(position, ids))
 
 
 def gumbel_max(ids: np.ndarray, probs: np.ndarray, noise: GumbelNoise, position: int) -> int:
-    """argmax over ids of log probs + G(position, ids) (the token id). Zero entries never win;
-    exact ties (probability 0 under continuous noise) go to the lowest listed id."""
+    """argmax over ids of log probs + G(position, ids) (the token id), computed as the race
+    argmax probs / E. Zero entries never win; exact ties (probability 0 under continuous noise)
+    go to the lowest listed id."""
     ids = np.asarray(ids, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     positive = probs > 0
@@ -93,7 +102,7 @@ def gumbel_max(ids: np.ndarray, probs: np.ndarray, noise: GumbelNoise, position:
     ids, probs = ids[positive], probs[positive]
     if len(ids) == 1:  # a point mass (e.g. greedy): no noise read
         return int(ids[0])
-    return int(ids[np.argmax(np.log(probs) + noise.gumbel(position, ids))])
+    return int(ids[np.argmax(probs / noise.exponentials(position, ids))])
 
 
 def gumbel_argmax(rows, node: int, noise: GumbelNoise, position: int) -> int:
