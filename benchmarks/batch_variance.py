@@ -8,10 +8,11 @@ sampling's (docs/drafter-invariance.md)?
         [--dtype fp32] [--prompts 20] [--tokens 128] [--drafts tree ngram] [--json FILE]
 
 Prompts: the first turns of Spec-Bench (/work/shared/data/spec_bench/question.jsonl, or --data)
-whose question_id is NOT divisible by 5 (those are held out for evaluation), in file order.
+whose question_id is NOT divisible by 5 (those are held out for evaluation), in file order
+(--offset skips the first ones).
 
 flips: per prompt, plain decoding scores each token alone (a 1-token forward over the KV cache)
-and draws it: greedy (argmax) and seeded Gumbel at T = 0.8 (seed = the prompt's index, noise
+and draws it: greedy (argmax) and seeded Gumbel at T = 0.8 (seed = the prompt's index in that list, noise
 at the token's absolute position, exactly as ``--method ar``). The same continuation is then
 scored again in chains of k tokens (one forward scores k rows: the pending root and k - 1
 known tokens, then all k are committed), and each row's draw is repeated with the same noise.
@@ -65,9 +66,11 @@ class FlipRecord:
     row_diff_max: float = 0.0
 
 
-def non_held_out_prompts(path: Path, count: int):
+def non_held_out_prompts(path: Path, count: int, offset: int = 0):
+    """Spec-Bench first turns whose id is not divisible by 5, in file order: ``count`` of them
+    after the first ``offset``."""
     prompts = [p for p in spec_bench_prompts(path) if int(p.prompt_id) % 5 != 0]
-    return prompts[:count]
+    return prompts[offset : offset + count]
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, noise: GumbelNoise, position: int) -> int:
@@ -115,7 +118,7 @@ def chunk_pass(adapter: HFModelAdapter, prompt: list[int], drawn: list[int], chu
 
 
 def measure_flips(args) -> list[FlipRecord]:
-    prompts = non_held_out_prompts(args.data, args.prompts)
+    prompts = non_held_out_prompts(args.data, args.prompts, args.offset)
     records = []
     for dtype_name in args.dtype:
         model, tokenizer = load_default_target(DTYPES[dtype_name])
@@ -125,7 +128,7 @@ def measure_flips(args) -> list[FlipRecord]:
             diffs = {k: [] for k in args.chunks}
             for index, prompt in enumerate(prompts):
                 ids = encode_prompt(tokenizer, prompt.text)
-                noise = GumbelNoise(index)
+                noise = GumbelNoise(args.offset + index)
                 drawn, alone = alone_pass(adapter, ids, args.tokens, params, noise)
                 for k in args.chunks:
                     chunked = chunk_pass(adapter, ids, drawn, k)
@@ -149,7 +152,7 @@ def measure_flips(args) -> list[FlipRecord]:
 
 
 def measure_identical(args) -> list[dict]:
-    prompts = non_held_out_prompts(args.data, args.prompts)
+    prompts = non_held_out_prompts(args.data, args.prompts, args.offset)
     results = []
     for dtype_name in args.dtype:
         model, tokenizer = load_default_target(DTYPES[dtype_name])
@@ -186,6 +189,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["flips", "identical"])
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"])
     parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--offset", type=int, default=0, help="skip this many prompts (to extend an earlier run)")
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--chunks", type=int, nargs="+", default=[4, 16, 32])
     parser.add_argument("--drafts", nargs="+", default=["tree", "ngram"], choices=["tree", "ngram"])
