@@ -96,13 +96,12 @@ def gumbel_max(ids: np.ndarray, probs: np.ndarray, noise: GumbelNoise, position:
     go to the lowest listed id."""
     ids = np.asarray(ids, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
-    positive = probs > 0
-    if not positive.any():
+    if not (probs > 0).any():
         raise ConfigError("gumbel_max needs a row with positive mass; the row given is all zero")
-    ids, probs = ids[positive], probs[positive]
     if len(ids) == 1:  # a point mass (e.g. greedy): no noise read
         return int(ids[0])
-    return int(ids[np.argmax(probs / noise.exponentials(position, ids))])
+    scores = probs / noise.exponentials(position, ids)  # zero entries score 0 and never win
+    return int(ids[int(np.argmax(scores))])
 
 
 def gumbel_argmax(rows, node: int, noise: GumbelNoise, position: int) -> int:
