@@ -23,8 +23,9 @@ difference| between the two scorings of a row (median and max over rows).
 
 identical: per prompt, ``--method ar`` and each draft's default rule (token trees + qfree;
 n-gram + gumbel) with the same seed at T = 0.8: are the token ids identical? At a mismatch, the
-first differing position's gap in the row scored alone (as above): a batch-variance flip when
-that gap is of the size of the row differences measured by ``flips``.
+first differing position's gap (as above) in the row re-scored after a prefill of the common
+prefix (an estimate of plain decoding's own row, whose KV entries came from 1-token forwards): a
+batch-variance flip when that gap is of the size of the row differences measured by ``flips``.
 """
 
 from __future__ import annotations
