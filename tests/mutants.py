@@ -481,6 +481,50 @@ MUTANTS += [
     ),
 ]
 
+NOISE = "core/noise.py"
+QFREE = "verify/qfree.py"
+SAMPLERS = "draft/samplers.py"
+INVARIANCE_TESTS = "tests/engine/test_drafter_invariance.py"
+GUMBEL_TESTS = "tests/verify/test_gumbel.py"
+MUTANTS += [
+    Mutant(
+        "noise_keyed_by_round_depth",
+        "the target's noise is keyed by the depth within the round, not the absolute position (every round reuses G(0), G(1), ...)",
+        ((NOISE, "        return gumbel_argmax(rows, node, self.noise, self.position + depth)",
+          "        return gumbel_argmax(rows, node, self.noise, depth)"),),
+        (INVARIANCE_TESTS, GUMBEL_TESTS),
+    ),
+    Mutant(
+        "walk_position_off_by_one",
+        "the seeded q-free walk reads the noise of the next position (depth + 1)",
+        ((QFREE, "        token = draws.draw(rows, node, len(visited) - 1)", "        token = draws.draw(rows, node, len(visited))"),),
+        (INVARIANCE_TESTS, GUMBEL_TESTS),
+    ),
+    Mutant(
+        "decoder_position_off_by_one",
+        "the round's noise starts one position late (committed_len + 2): not the documented absolute position",
+        (("engine/decoder.py", "        return NoiseAt(noise, self.target.committed_len + 1)", "        return NoiseAt(noise, self.target.committed_len + 2)"),),
+        (INVARIANCE_TESTS,),
+    ),
+    Mutant(
+        "gumbel_draft_position_off_by_one",
+        "the Gumbel-coupled draft reads the noise of the next position: still lossless, but the coupling is lost",
+        ((SAMPLERS, "gumbel_max(ids, row[ids], draws.noise, draws.position + depth)", "gumbel_max(ids, row[ids], draws.noise, draws.position + depth + 1)"),),
+        (GUMBEL_TESTS,),
+    ),
+    Mutant(
+        "top_p_after_the_draw",
+        "the Gumbel-max is taken over the row before top-p; a token outside the nucleus is replaced by the argmax",
+        ((NOISE, "    ids, probs = rows.support(node)\n    return gumbel_max(ids, probs, noise, position)",
+          "    ids, probs = rows.support(node)\n"
+          "    import dataclasses\n"
+          "    untruncated = type(rows)(rows.logits, dataclasses.replace(rows.params, top_p=1.0))\n"
+          "    token = gumbel_max(*untruncated.support(node), noise, position)\n"
+          "    return token if token in set(ids[probs > 0].tolist()) else rows.argmax(node)"),),
+        (INVARIANCE_TESTS,),
+    ),
+]
+
 
 def apply(mutant: Mutant, root: Path) -> str | None:
     """Edit the copy under ``root``; returns an error text if an edit does not match once."""

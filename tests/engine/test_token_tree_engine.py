@@ -74,7 +74,7 @@ def test_defaults_pick_token_trees_and_qfree(target):
     decoder = SpeculativeDecoder(target)
     assert decoder.method == "qfree" and isinstance(decoder.drafter, TokenTreeDrafter)
     neural = SpeculativeDecoder(target, tiny_llama(5, layers=1))
-    assert neural.method == "sd"
+    assert neural.method == "gumbel"  # the drafter-invariant chain rule (was "sd")
     explicit = SpeculativeDecoder(target, method="sd")  # an explicit q-based rule keeps the n-gram draft
     assert isinstance(explicit.drafter, NGramDrafter)
     ngram_tree = SpeculativeDecoder(target, "ngram", method="qfree", tree=[2, 1], temperature=0.8, max_new_tokens=4)

@@ -61,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(gen)
     gen.add_argument("--method", default=None,
                      help="registry name (verispec methods) or 'ar' for plain sampling (default: qfree with the "
-                          "token-tree draft, sd with any other draft)")
+                          "token-tree draft, gumbel with any other draft)")
     gen.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1)
     gen.add_argument("-L", "--draft-len", type=flags.draft_len, default=None,
-                     help="draft length, or 'auto' (default): chosen per round for chain rules (sd, bv, ...), 4 otherwise")
+                     help="draft length, or 'auto' (default): chosen per round for chain rules (gumbel, sd, bv, ...), 4 otherwise")
     gen.add_argument("--tree", type=_int_list, default=None, help="children per depth for tree methods, e.g. 2,2,1")
     _add_sampling_flags(gen)
     gen.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=128)
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the main job: a method vs plain decoding on HumanEval prompts")
     _add_model_flags(demo)
-    demo.add_argument("--method", default=None, help="default: qfree with the token-tree draft, sd with any other")
+    demo.add_argument("--method", default=None, help="default: qfree with the token-tree draft, gumbel with any other")
     demo.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1)
     demo.add_argument("-L", "--draft-len", type=flags.draft_len, default=None, help="draft length or 'auto' (default)")
     demo.add_argument("--prompts", type=flags.int_at_least(1), default=3, help="number of HumanEval prompts")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from verispec.core.noise import NoiseAt, gumbel_max
 from verispec.core.rng import Rng
 from verispec.core.rows import NodeRows, Rows
 from verispec.core.tree import DraftScheme, DraftTree
@@ -141,6 +142,28 @@ def sample_iid_paths(rng: Rng, draft_fn: DraftFn, num_drafts: int, draft_len: in
     else:
         scheme = DraftScheme.CHAIN if num_drafts == 1 else DraftScheme.IID_TREE
     return builder.finish(scheme, [tuple(path) for path in paths])
+
+
+def sample_gumbel_chain(draws: NoiseAt, draft_fn: DraftFn, draft_len: int, vocab_size: int) -> DraftSkeleton:
+    """One path drawn with the seed's noise (Daliri, Musco, Suresh 2024; ``verify.gumbel``):
+    x_d = argmax log q(.|x_<d) + G(position + d - 1), the Gumbel-max of the draft's processed row
+    with the SAME noise the target's draw at that position uses. Deterministic given the noise;
+    any draft (n-gram, draft model, head) through its ``draft_fn``. ``vocab_size``: the target's
+    vocabulary, which the draft's rows must share (token x must name the same noise)."""
+    _check_positive("draft_len (L)", draft_len)
+    builder = _Builder(draft_fn)
+    node, path = 0, []
+    for depth in range(draft_len):
+        row = builder.draft_probs(node)
+        if len(row) != vocab_size:
+            raise ConfigError(
+                f"the draft's rows have {len(row)} tokens but the target's vocabulary has {vocab_size}; "
+                "drafter-invariant rules need one shared vocabulary (use a draft with the target's tokenizer)"
+            )
+        ids = np.flatnonzero(row > 0)
+        node = builder.add(node, gumbel_max(ids, row[ids], draws.noise, draws.position + depth))
+        path.append(node)
+    return builder.finish(DraftScheme.CHAIN, [tuple(path)])
 
 
 def shape_from_branching(branching: Sequence[int]) -> TreeShape:

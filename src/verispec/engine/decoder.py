@@ -16,13 +16,13 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from verispec.core.rng import SeededRng
+from verispec.core.noise import NoiseAt, SeededDraws, noise_of
 from verispec.core.rows import LogitRows, draw_from
 from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.core.seeds import check_seed
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.chain_policy import ChainLengthPolicy
-from verispec.draft.samplers import DraftSkeleton, sample_iid_paths, sample_tree
+from verispec.draft.samplers import DraftSkeleton, sample_gumbel_chain, sample_iid_paths, sample_tree
 from verispec.engine.checks import (
     AUTO_MAX_DRAFT_LEN,
     DEFAULT_DRAFT_LEN,
@@ -44,6 +44,7 @@ from verispec.errors import ConfigError
 from verispec.verify.modification import advance_windows, modify_tree_targets
 from verispec.verify.qfree import qfree_walk
 from verispec.verify.base import VerifyResult
+from verispec.verify.gumbel import GumbelCoupledVerification
 from verispec.verify.registry import MethodSpec, get_method
 
 
@@ -98,7 +99,9 @@ class TextDecoding:
 
     def generate(self, prompt: str | Sequence[int], rng=None) -> GenerationOutput:
         """Decode until max_new_tokens, an EOS token or a stop string. ``rng``: any ``Rng``
-        (default ``SeededRng(self.seed)``), e.g. the replay enumerator for exact tests."""
+        (default ``SeededDraws(self.seed)``: the seed's Gumbel noise for the drafter-invariant
+        draws, ``core.noise``), e.g. the replay enumerator for exact tests; a plain ``Rng``
+        makes every rule draw through it (exact in law, not drafter-invariant)."""
         for _ in self._run(prompt, rng):
             pass
         return self.last_output
@@ -154,12 +157,15 @@ class SpeculativeDecoder(TextDecoding):
             prompt-lookup draft), any ``Drafter``, or None: the token trees when the method is
             left to its default or is a q-free rule, else the n-gram draft.
     method: a registry name (``verispec.verify.registry.METHODS``) or "ar"; None (default) picks
-            "qfree" for the token-tree draft (the fastest training-free configuration) and "sd"
-            for any other draft.
+            "qfree" for the token-tree draft (the fastest training-free configuration) and
+            "gumbel" (the drafter-invariant chain rule) for any other draft.
+    seed:   an int in [0, 2**63). With the drafter-invariant rules (ar, qfree, nss, gumbel) the
+            token at absolute position t is the Gumbel-max draw with the seed's noise at t, so a
+            seed gives one text whatever the draft, tree, timing or threads (docs/drafter-invariance.md).
     num_drafts (K), draft_len (L): K i.i.d. paths of length L, or a chain when K = 1. draft_len
             None (default): for a chain of sampled drafts verified by a chain rule without target
-            modification (sd, bv, ...), L is chosen every round in [0, max_draft_len] from past
-            acceptance and the online cost model (L = 0: a plain round); otherwise L = 4.
+            modification (gumbel, sd, bv, ...), L is chosen every round in [0, max_draft_len] from
+            past acceptance and the online cost model (L = 0: a plain round); otherwise L = 4.
             An explicit L is used as given, every round.
     tree:   children per depth for token-tree methods (e.g. [2, 2, 1]); overrides L.
     temperature / top_k / top_p: applied to target and draft logits alike (0 = greedy);
@@ -201,7 +207,7 @@ class SpeculativeDecoder(TextDecoding):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
         if method is None:
-            method = "qfree" if _is_token_tree(draft) else "sd"
+            method = "qfree" if _is_token_tree(draft) else "gumbel"
         self.method = method
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
         self.step_callback = step_callback
@@ -347,6 +353,9 @@ class SpeculativeDecoder(TextDecoding):
             )
         if tree is not None:
             return sample_tree(rng, draft_fn, tree, spec.tree_scheme)
+        draws = self._draws(rng)
+        if isinstance(spec.verifier, GumbelCoupledVerification) and isinstance(draws, NoiseAt):
+            return sample_gumbel_chain(draws, draft_fn, draft_len, self.target.vocab_size)
         return sample_iid_paths(rng, draft_fn, self.num_drafts, draft_len)
 
     def _target_tree(self, skeleton: DraftSkeleton, windows):
@@ -366,7 +375,7 @@ class SpeculativeDecoder(TextDecoding):
     # ----- the loop -------------------------------------------------------------------------
     def _run(self, prompt, rng=None) -> Iterator[GenerationOutput]:
         prompt_ids = self._encode(prompt)
-        rng = SeededRng(self.seed) if rng is None else rng
+        rng = SeededDraws(self.seed) if rng is None else rng
         start = time.perf_counter()
         # features (a draft head's input) only while this decoder's drafter reads them: the target
         # adapter may be shared with other decoders
@@ -449,13 +458,23 @@ class SpeculativeDecoder(TextDecoding):
             decision.measured_round_seconds = step.target_seconds + overhead
             step.policy = decision
 
+    def _draws(self, rng):
+        """This round's randomness for the target's draws: the seed's noise positioned at the
+        root's next token when the rng carries it and the rule is drafter-invariant (or plain
+        sampling), else the rng itself."""
+        noise = noise_of(rng)
+        if noise is None or (self.spec is not None and not self.spec.drafter_invariant):
+            return rng
+        return NoiseAt(noise, self.target.committed_len + 1)
+
     def _plain_round(self, rng):
         tic = time.perf_counter()
         logits = self.target.score([-1], [-1])
         rows = LogitRows(logits, self.params)
         target_seconds = time.perf_counter() - tic
         tic = time.perf_counter()
-        token, _ = draw_from(rng, rows, 0)  # greedy: the argmax, no vector built
+        draws = self._draws(rng)  # greedy: the argmax, no vector built
+        token = draws.draw(rows, 0, 0) if isinstance(draws, NoiseAt) else draw_from(rng, rows, 0)[0]
         self.target.commit([], token)
         return StepStats(0, 1, 0, 1, 0.0, target_seconds, 0.0, time.perf_counter() - tic), [token], ()
 
@@ -472,7 +491,7 @@ class SpeculativeDecoder(TextDecoding):
         target_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()
-        result = self.spec.verifier.verify(tree, rng)
+        result = self.spec.verifier.verify(tree, self._draws(rng))
         verify_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()
@@ -516,7 +535,7 @@ class SpeculativeDecoder(TextDecoding):
         self.drafter.observe_target(candidates.tokens, candidates.parents, logits)
         rows = LogitRows(logits, self.params)  # a row is processed only when the walk visits its node
         children = candidates.children_of()
-        visited, next_token, is_bonus, _ = qfree_walk(children.__getitem__, rows, rng)
+        visited, next_token, is_bonus, _ = qfree_walk(children.__getitem__, rows, self._draws(rng))
         verify_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()

@@ -13,6 +13,12 @@ The walk reads the target through a row provider (core.rows, issue 16) so the en
 the leaf) does it read the support of p(.|u) (a top-p nucleus, not V) to draw y there. Rows the
 walk does not visit are never processed. The ``Verifier`` class runs the same walk on a
 ``DraftTree``'s rows, which is what the exact-enumeration tests check.
+
+Seeded, drafter-invariant draws (``core.noise``): given a ``NoiseAt`` instead of an ``Rng``, the
+walk draws y at node u as the Gumbel-max of p(.|u) with the noise of u's absolute position (root
+position + depth of u): exactly the token plain sampling draws there with the same seed. It moves
+to the child with token y, else emits y; so it emits plain sampling's tokens, for ANY tree (the
+tree only decides how many of them one target forward confirms).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from verispec.core.probs import RESIDUAL_MASS_GUARD
+from verispec.core.noise import NoiseAt
 from verispec.core.rng import Rng
 from verispec.core.rows import Rows, draw_on_support
 from verispec.core.tree import ROOT, DraftScheme, DraftTree
@@ -43,7 +50,7 @@ def miss_law(ids: np.ndarray, target: np.ndarray, child_tokens: list[int]) -> tu
 
 
 def qfree_walk(
-    children_of: Callable[[int], dict[int, int]], rows: Rows, rng: Rng
+    children_of: Callable[[int], dict[int, int]], rows: Rows, rng: Rng | NoiseAt
 ) -> tuple[list[int], int, bool, int]:
     """Walk a candidate tree from the root.
 
@@ -55,7 +62,10 @@ def qfree_walk(
     The draw y ~ p(.|u) at an internal node is made in two exact stages, so nothing O(V) is read
     while children are hit: a categorical over {each distinct child token c: p(c)} U {miss: the
     rest}; only on a miss is y drawn from p restricted to the non-child tokens, on p's support.
+    With a ``NoiseAt`` the draws are the seed's Gumbel-max draws instead (``noise_walk``).
     """
+    if isinstance(rng, NoiseAt):
+        return noise_walk(children_of, rows, rng)
     node = ROOT
     visited = [ROOT]
     while True:
@@ -77,6 +87,24 @@ def qfree_walk(
         return visited, token, False, guard
 
 
+def noise_walk(
+    children_of: Callable[[int], dict[int, int]], rows: Rows, draws: NoiseAt
+) -> tuple[list[int], int, bool, int]:
+    """The walk with the seed's draws: y at node u (depth d) is the Gumbel-max of p(.|u) at
+    position draws.position + d; move to the child with token y, else emit y (a bonus at a
+    leaf). Same return value as ``qfree_walk`` (never a guard hit: no residual is built)."""
+    node = ROOT
+    visited = [ROOT]
+    while True:
+        child_of = children_of(node)
+        token = draws.draw(rows, node, len(visited) - 1)
+        child = child_of.get(token)
+        if child is None:
+            return visited, token, not child_of, 0
+        node = child
+        visited.append(node)
+
+
 class QFreeTreeVerification(Verifier):
     """The q-free walk above on a ``DraftTree``. Exact for every scheme, the deterministic one
     included; it is the rule the engine runs on target-aware token trees."""
@@ -86,7 +114,7 @@ class QFreeTreeVerification(Verifier):
     lossless = True
     supported_schemes = frozenset(DraftScheme)
 
-    def _verify(self, tree: DraftTree, rng: Rng) -> VerifyResult:
+    def _verify(self, tree: DraftTree, rng: Rng | NoiseAt) -> VerifyResult:
         visited, token, is_bonus, guard = qfree_walk(lambda node: first_child_of_token(tree, node), tree.target, rng)
         extra = {"diagnostics": {"residual_guard_hits": guard}} if guard else {}
         return result_at(tree, visited[-1], token, is_bonus, **extra)

@@ -16,6 +16,7 @@ from verispec.verify.base import Verifier
 from verispec.verify.bv import BlockVerification
 from verispec.verify.gbv_mod import GBVMod, GBVModWithoutModification
 from verispec.verify.gmpbv import GreedyMultiPathBV
+from verispec.verify.gumbel import GumbelCoupledVerification
 from verispec.verify.nss import NaiveSpecInfer
 from verispec.verify.otm import OTM
 from verispec.verify.qfree import QFreeTreeVerification
@@ -35,6 +36,9 @@ class MethodSpec:
 
     draft       'chain' | 'paths' | 'tree'
     tree_scheme how tree drafts are drawn (draft == 'tree')
+    drafter_invariant  with a seed, the target's tokens are the seed's Gumbel-max draws
+                (core.noise), so the text equals plain sampling's whatever the draft; the
+                other rules draw with their own Rng and are exact in law only
     """
 
     name: str
@@ -43,6 +47,7 @@ class MethodSpec:
     description: str
     tree_scheme: DraftScheme | None = None
     negative_control: bool = False
+    drafter_invariant: bool = False
 
     @property
     def lossless(self) -> bool:
@@ -57,6 +62,7 @@ METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("sd", SpeculativeSampling(), "chain", "token-wise speculative sampling (§2)"),
+        MethodSpec("gumbel", GumbelCoupledVerification(), "chain", "Gumbel-coupled chain, drafter-invariant with a seed (Daliri et al. 2024)", drafter_invariant=True),
         MethodSpec("bv", BlockVerification(), "chain", "block verification, Sun et al. (§3)"),
         MethodSpec("gbv-mod", GBVMod(), "chain", "greedy block verification + target modification (§4)"),
         MethodSpec("spectr", SpecTr(), "paths", "SpecTr K-SEQ over K i.i.d. paths (§5)"),
@@ -66,8 +72,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("rrs", RRS(), "paths", "recursive rejection sampling, with replacement (§8)", DraftScheme.IID_TREE),
         MethodSpec("rrsw", RRSw(), "paths", "recursive rejection sampling, without replacement (§8)", DraftScheme.WITHOUT_REPLACEMENT),
         MethodSpec("spechub", SpecHub(), "tree", "SpecHub, K = 2 hub pairs, corrected (§9)", DraftScheme.SPECHUB_PAIR),
-        MethodSpec("nss", NaiveSpecInfer(), "paths", "SpecInfer naive sampling on a token tree (§13)", DraftScheme.WITHOUT_REPLACEMENT),
-        MethodSpec("qfree", QFreeTreeVerification(), "tree", "q-free walk over deterministic candidate trees (token trees), exact at any T (§13)", DraftScheme.DETERMINISTIC),
+        MethodSpec("nss", NaiveSpecInfer(), "paths", "SpecInfer naive sampling on a token tree (§13)", DraftScheme.WITHOUT_REPLACEMENT, drafter_invariant=True),
+        MethodSpec("qfree", QFreeTreeVerification(), "tree", "q-free walk over deterministic candidate trees (token trees), exact at any T (§13)", DraftScheme.DETERMINISTIC, drafter_invariant=True),
         MethodSpec("traversal", TraversalVerification(), "paths", "traversal verification (§12)", DraftScheme.WITHOUT_REPLACEMENT),
         MethodSpec("otm", OTM(), "paths", "optimal transport LP per position, small-V reference (§10)"),
         MethodSpec("sprinter", Sprinter(), "chain", "SPRINTER with a learned verifier - lossy (§11)"),
