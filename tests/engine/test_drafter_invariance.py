@@ -6,6 +6,7 @@ every temperature, with top-k and top-p. Negative control: target noise keyed by
 instead of the absolute position breaks the equality. The law of the seeded plain draws is the
 target's (chi-square, false alarm 1e-3), which with the equality gives every rule's law."""
 
+import copy
 import json
 
 import numpy as np
@@ -94,7 +95,8 @@ def test_default_method_of_a_sampled_chain_draft_is_gumbel(models):
 
 @pytest.mark.parametrize("sampling", ["T0.8", "greedy"])
 def test_gumbel_with_a_draft_head_emits_plain_sampling_tokens(sampling):
-    target, head = head_pair()
+    # a copy: head_pair() is cached and shared with other tests, and .double() converts in place
+    target, head = copy.deepcopy(head_pair())
     target = target.double()
     head = head.double()
     params = dict(max_new_tokens=NEW_TOKENS, eos_token_id=[], **SAMPLING[sampling])
