@@ -28,7 +28,7 @@ than the context) ends with stop_reason "error" and its message; the others stil
 sequence reaching the context limit stops with "context" as it would alone.
 
 Drafts: the token trees (each sequence its own copy of the decoder's drafter, sharing its
-adjacency table, acceptance estimates and cost curve) and the n-gram draft batch; draft models and heads do not yet
+adjacency table and acceptance estimates) and the n-gram draft batch; draft models and heads do not yet
 (ConfigError). Timing: a sequence's ``seconds`` is the batch's wall time until it finished, and
 each step's ``target_seconds`` the wall time its forward took including the turns of the other
 sequences of that round.
@@ -41,6 +41,7 @@ split one forward's tokens between sequences.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -163,31 +164,17 @@ class BatchDecoder:
     # ----- per-sequence decoders ------------------------------------------------------------
     def _drafter(self):
         """The sequence's own drafter: a token-tree drafter with its own context index, sharing the
-        decoder's adjacency table, cost curve and acceptance estimates (they describe the target,
+        decoder's adjacency table and acceptance estimates (they describe the target,
         and learn from every sequence as ``generate`` learns from every prompt; updated in the
         batch's fixed turn order, so runs stay deterministic); the n-gram draft; or none (plain)."""
         drafter = self.decoder.drafter
         if isinstance(drafter, TokenTreeDrafter):
             own = copy.copy(drafter)
             own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
+            own.probes = dataclasses.replace(drafter.probes, plain_streak=0)  # its own streak of plain rounds
             own._rates = {}
             return own
         return None if drafter is None else "ngram"
-
-    def _calibrate(self, prompts) -> None:
-        """Measure the token trees' cost curve once on the decoder's own target, as ``generate``
-        does at its first prompt (a batched forward would time the other sequences too)."""
-        drafter = self.decoder.drafter
-        if not isinstance(drafter, TokenTreeDrafter) or drafter.cost is not None:
-            return
-        for prompt in prompts:
-            try:
-                ids = self.decoder._encode(prompt)
-                self.decoder.target.reset(ids)
-            except ConfigError:
-                continue
-            drafter.calibrate(self.decoder.target)
-            return
 
     def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop):
         """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``."""
@@ -300,7 +287,6 @@ class BatchDecoder:
         budget = budget or drafter_choice
         if self.runner is None:  # KV buffers of max_batch slots would be zero-filled for nothing when fewer run
             self.runner = BatchedLlamaRunner(self._base_runner, initial_slots=min(self.max_batch, count))
-        self._calibrate(prompts)
         self._aborted = False
         sequences = [_Sequence(i, prompt, rng=rngs[i]) for i, prompt in enumerate(prompts)]
         waiting = list(sequences)
