@@ -47,7 +47,7 @@ def load_pair(target: str | None, draft: str | None, dtype: str, device: str, ne
     elif is_head_source(draft):  # "head" or a head directory: the decoder loads it in the target's dtype
         draft_model = draft
     elif draft is None:
-        # the fastest measured training-free configuration: target-aware token trees (issue 12),
+        # the fastest measured training-free configuration: target-aware token trees,
         # verified by the q-free rule; the decoder picks the draft that suits --method
         draft_model = None
     elif draft == "default":

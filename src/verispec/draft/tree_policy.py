@@ -1,4 +1,4 @@
-"""Adaptive size of deterministic token trees (issue 12): which candidates, and how many.
+"""Adaptive size of deterministic token trees: which candidates, and how many.
 
 Each round the draft offers candidate children for every node (copy continuations, adjacency
 top-k). A candidate edge gets an estimated acceptance probability from running hit rates per
@@ -28,7 +28,7 @@ import numpy as np
 from verispec.errors import ConfigError
 
 # Scoring n tokens after ~300 cached ones with the default target (SmolLM2-135M, bf16, native
-# runner), relative to one token (issue 12's measurement).
+# runner), relative to one token (measured with benchmarks/token_tree_speed.py).
 DEFAULT_COST_POINTS = ((1, 1.0), (5, 1.03), (9, 1.16), (16, 1.35), (24, 1.59), (32, 1.91))
 
 

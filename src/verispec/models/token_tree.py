@@ -1,4 +1,4 @@
-"""Candidate tables of the training-free target-aware token-tree draft (issue 12).
+"""Candidate tables of the training-free target-aware token-tree draft.
 
 Two sources of candidates, both free of any model call:
 

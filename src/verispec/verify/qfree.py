@@ -8,7 +8,7 @@ and repeat, else emit y and stop; at a leaf y is the bonus token. Every emitted 
 draw from the target, at any temperature; the acceptance at u is the target mass of its distinct
 child tokens. It is the same walk as NSS (``verify.nss``, which runs ``qfree_walk``).
 
-The walk reads the target through a row provider (core.rows, issue 16) so the engine runs it
+The walk reads the target through a row provider (core.rows) so the engine runs it
 *lazily*: at a node it gathers the children's entries only (no row), and only on a miss (or at
 the leaf) does it read the support of p(.|u) (a top-p nucleus, not V) to draw y there. Rows the
 walk does not visit are never processed. The ``Verifier`` class runs the same walk on a
