@@ -84,6 +84,8 @@ def _decoder(args, target_model, tokenizer, draft_model, method=None) -> Specula
 
 def _draft_name(decoder) -> str:
     drafter = decoder.drafter
+    if drafter is None:  # plain decoding (--method ar)
+        return "none"
     return {"TokenTreeDrafter": "tree", "NGramDrafter": "ngram", "HeadDrafter": "head"}.get(type(drafter).__name__, "model")
 
 
