@@ -46,7 +46,8 @@ def test_serve_process(tmp_path, tokenizer):
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [sys.executable, "-m", "verispec.cli.main", "serve", "--target", str(target_dir), "--draft", "ngram",
-               "--host", "127.0.0.1", "--port", str(port), "--method", "spectr", "-K", "2", "-L", "3", "--workers", "2", "--threads-per-worker", "1"]
+               "--host", "127.0.0.1", "--port", str(port), "--method", "spectr", "-K", "2", "-L", "3", "--scheduler", "workers", "--workers", "2",
+               "--threads-per-worker", "1"]
     server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -13,17 +13,24 @@ from verispec.cli import flags
 def add_serve_parser(sub, add_model_flags, int_list) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     add_model_flags(serve)
-    serve.add_argument("--method", default="sd", help="default verification rule of requests (a registry name or 'ar')")
+    serve.add_argument("--method", default="qfree", help="default verification rule of requests (a registry name or 'ar'; "
+                       "default qfree: the token trees, as generate)")
     serve.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1, help="default and largest K a request may ask for")
     serve.add_argument("-L", "--draft-len", type=flags.int_at_least(1), default=4, help="default and largest L a request may ask for")
     serve.add_argument("--tree", type=int_list, default=None, help="default tree (children per depth) for tree rules, e.g. 2,2,1")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=flags.port, default=8000, help="TCP port in [0, 65535] (default 8000; 0 = any free port)")
-    serve.add_argument("--workers", type=flags.int_at_least(1), default=1, help="parallel decodes, each with its own KV caches over one shared model")
+    serve.add_argument("--scheduler", choices=("batch", "workers"), default="batch",
+                       help="batch (default): continuous batching, requests join one running batch between rounds; "
+                            "workers: --workers threads decoding one request each")
+    serve.add_argument("--max-batch", type=flags.int_at_least(1), default=8,
+                       help="requests decoded together by the batch scheduler (default 8); more wait in the queue")
+    serve.add_argument("--workers", type=flags.int_at_least(1), default=1,
+                       help="with --scheduler workers: parallel decodes, each with its own KV caches over one shared model")
     serve.add_argument("--max-queue", type=flags.int_at_least(1), default=8, help="requests waiting beyond the running ones; more get 429 + Retry-After")
     serve.add_argument("--threads-per-worker", type=flags.int_at_least(1), default=None,
-                       help="torch threads per worker (default: the cores this process may use divided among the "
-                            "workers, at least 1)")
+                       help="torch threads per worker, or of the batch (default: the cores this process may use divided "
+                            "among the workers, at least 1; all of them for the batch)")
     serve.add_argument("--request-timeout", type=flags.number_at_least(0, " seconds", strict=True), default=300.0,
                        help="seconds of decoding per request; then the answer so far is returned with finish_reason 'length'")
     serve.add_argument("--default-max-tokens", type=flags.int_at_least(1), default=256, help="max_tokens of chat requests that give none")
@@ -77,7 +84,7 @@ def run_serve(args: argparse.Namespace) -> int:
                           f"(or --host), or stop the process using it") from None
     # the draft is always loaded: a request may choose any rule, whatever the server's default
     target_model, tokenizer, draft = load_pair(args.target, args.draft, args.dtype, args.device, need_draft=True, backend=args.backend)
-    if args.device != "cpu" and args.workers > 1:
+    if args.device != "cpu" and args.workers > 1 and args.scheduler == "workers":
         print("verispec serve: note: several workers share one device; they do not run in parallel on it", file=sys.stderr)
     max_context, vocab_size = model_limits(target_model, args.backend)
     tree = tuple(args.tree) if args.tree else None
@@ -95,12 +102,16 @@ def run_serve(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace,
         max_request_bytes=args.max_request_bytes,
     )
-    app, pool = build_server(target_model, draft, tokenizer, config, args.workers, args.max_queue, args.threads_per_worker, args.backend)
+    app, pool = build_server(target_model, draft, tokenizer, config, args.workers, args.max_queue, args.threads_per_worker,
+                             args.backend, scheduler=args.scheduler, max_batch=args.max_batch)
     check_default_rule(pool, config)
     host, port = sock.getsockname()[:2]
-    print(f"verispec serve: {config.model_name} on http://{host}:{port} ({args.workers} workers x "
-          f"{pool.threads_per_worker} torch threads, queue {args.max_queue}, default {config.method} K={config.num_drafts} "
-          f"L={config.draft_len}, pid {os.getpid()})", file=sys.stderr, flush=True)
+    if args.scheduler == "batch":
+        shape = f"continuous batch of up to {args.max_batch} x {pool.threads_per_worker} torch threads"
+    else:
+        shape = f"{args.workers} workers x {pool.threads_per_worker} torch threads"
+    print(f"verispec serve: {config.model_name} on http://{host}:{port} ({shape}, queue {args.max_queue}, default "
+          f"{config.method} K={config.num_drafts} L={config.draft_len}, pid {os.getpid()})", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_grace))
     try:
         server.run(sockets=[sock])

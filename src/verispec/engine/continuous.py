@@ -36,6 +36,8 @@ a run is deterministic for a given order of ``add`` calls between steps.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import threading
 import time
@@ -50,6 +52,7 @@ from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
 from verispec.models.batch_runner import BatchedLlamaRunner
 from verispec.models.hf import HFModelAdapter
+from verispec.models.token_tree import SuffixIndex
 
 RoundHook = Callable[[Any], "str | None"]
 
@@ -74,6 +77,17 @@ class BatchSequence(_Sequence):
 
     __eq__ = object.__eq__  # a sequence is itself, whatever its fields (lists use ==, dicts hash)
     __hash__ = object.__hash__
+
+
+def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
+    """A token-tree drafter with its own context index, plain-round streak and round state that
+    shares ``drafter``'s adjacency table and acceptance estimates (as ``BatchDecoder`` gives each
+    sequence): decoders made from it learn the target together, one at a time."""
+    own = copy.copy(drafter)
+    own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
+    own.probes = dataclasses.replace(drafter.probes, plain_streak=0)
+    own._rates = {}
+    return own
 
 
 class ContinuousBatch(BatchDecoder):
@@ -120,7 +134,7 @@ class ContinuousBatch(BatchDecoder):
         from every sequence; ConfigError if the batch decoder drafts otherwise."""
         if not isinstance(self.decoder.drafter, TokenTreeDrafter):
             raise ConfigError("this batch's decoder has no token-tree drafter to share")
-        return self._drafter()
+        return token_tree_copy(self.decoder.drafter)
 
     def step(self) -> list[BatchSequence]:
         """Start waiting sequences while slots are free, run one round of every running sequence

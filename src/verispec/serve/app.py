@@ -160,6 +160,8 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
     """
     metrics = metrics or ServerMetrics(lambda: pool.queue_depth, lambda: pool.busy_workers)
     previous_hook = pool.on_finished
+    if hasattr(pool, "on_step"):  # the continuous batch reports its rounds
+        pool.on_step = metrics.record_round
 
     def on_finished(job, event):
         if isinstance(event, JobFinished):
@@ -231,7 +233,8 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
     @app.get("/health")
     async def health():
         ready = pool.accepting
-        body = {"status": "ok" if ready else "shutting_down", "model": config.model_name, "workers": len(pool.workers),
+        body = {"status": "ok" if ready else "shutting_down", "model": config.model_name, "scheduler": pool.scheduler,
+                "workers": len(pool.workers), "max_batch": getattr(pool, "max_batch", None),
                 "busy_workers": pool.busy_workers, "queue_depth": pool.queue_depth, "max_queue": pool.max_queue}
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -335,6 +338,8 @@ def create_app(pool: WorkerPool, tokenizer, config: ServerConfig, metrics: Serve
             return APIError(499, event.message, code="cancelled", kind="server_error")
         if event.kind == "shutdown":
             return APIError(503, event.message, code="shutting_down", kind="server_error")
+        if event.kind == "invalid_request":  # input only the decode itself could refuse
+            return APIError(400, event.message, code="invalid_request")
         return APIError(500, event.message, code=event.kind, kind="server_error")
 
     async def stream_events(job: Job, events: asyncio.Queue, watcher, settings, request_id, created, chat, include_usage):

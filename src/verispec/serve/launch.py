@@ -1,6 +1,6 @@
-"""Putting a server together: workers over one loaded model pair, and uvicorn in a thread.
+"""Putting a server together: a scheduler over one loaded model pair, and uvicorn in a thread.
 
-``build_server`` makes the pool and the app from already loaded models (the CLI loads them with
+``build_server`` makes the scheduler (continuous batching, or worker threads) and the app from already loaded models (the CLI loads them with
 ``cli.generate.load_pair``; tests pass tiny random models). ``ServerThread`` runs uvicorn on a
 loopback socket in a background thread (tests, ``benchmarks/serve_load.py``).
 """
@@ -13,8 +13,10 @@ import time
 
 import uvicorn
 
+from verispec.errors import ConfigError
 from verispec.models.hf import HFModelAdapter
 from verispec.serve.app import create_app
+from verispec.serve.batching import BatchScheduler
 from verispec.serve.requests import ServerConfig
 from verispec.serve.workers import Worker, WorkerPool
 
@@ -70,11 +72,45 @@ def share_packed_weights(first: HFModelAdapter, other: HFModelAdapter) -> bool:
     return theirs.share_weights_from(mine)
 
 
+SCHEDULERS = ("batch", "workers")
+
+
 def build_server(target_model, draft, tokenizer, config: ServerConfig, workers: int = 1, max_queue: int = 8,
-                 threads_per_worker: int | None = None, backend: str = "auto"):
-    """(app, pool): the FastAPI app over a fresh pool; the pool starts with the app's lifespan."""
-    pool = WorkerPool(build_workers(target_model, draft, tokenizer, workers, backend), max_queue, threads_per_worker)
+                 threads_per_worker: int | None = None, backend: str = "auto", scheduler: str = "batch", max_batch: int = 8):
+    """(app, pool): the FastAPI app over a fresh scheduler, which starts with the app's lifespan.
+
+    scheduler "batch" (default): continuous batching of up to ``max_batch`` requests
+    (``serve.batching``; ``workers`` is ignored); "workers": ``workers`` threads decoding one
+    request each (``serve.workers``). ConfigError when the target cannot run batched."""
+    if scheduler == "workers":
+        pool = WorkerPool(build_workers(target_model, draft, tokenizer, workers, backend), max_queue, threads_per_worker)
+    elif scheduler == "batch":
+        pool = build_batch_scheduler(target_model, draft, tokenizer, max_batch, max_queue, threads_per_worker, backend)
+    else:
+        raise ConfigError(f"unknown scheduler {scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
     return create_app(pool, tokenizer, config), pool
+
+
+def build_batch_scheduler(target_model, draft, tokenizer, max_batch: int, max_queue: int, threads: int | None = None,
+                          backend: str = "auto") -> BatchScheduler:
+    """A continuous-batching scheduler: the batch's target adapter and a side worker (requests
+    with a draft model or head), both over the one set of weights."""
+    from verispec.engine.decoder import _as_adapter
+    from verispec.models.batch_runner import BatchedLlamaRunner
+
+    if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
+        raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    if backend == "llamacpp":
+        raise ConfigError("continuous batching runs the target on torch's native Llama runner, not llama.cpp; "
+                          "serve a llama.cpp target with --scheduler workers")
+    target = _as_adapter(target_model, backend=backend)
+    try:
+        BatchedLlamaRunner.check_base(getattr(target, "runner", None))
+    except ConfigError as error:
+        raise ConfigError(f"{error}; or serve this target with --scheduler workers") from None
+    (side,) = build_workers(target_model, draft, tokenizer, 1, backend)
+    share_packed_weights(side.target, target)
+    return BatchScheduler(target, side, max_batch=max_batch, max_queue=max_queue, threads=threads)
 
 
 class ServerThread:

@@ -19,6 +19,7 @@ from verispec.engine.checks import MAX_DRAFT_LEN
 BLOCK_EFFICIENCY_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 65.0)
 # accepted length tau is an integer: bucket k holds tau <= k
 ACCEPTED_LENGTH_BUCKETS = tuple(float(k) for k in (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, MAX_DRAFT_LEN))
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)
 SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 120.0, 300.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -50,8 +51,18 @@ class ServerMetrics:
         self.stopped_early = Counter("verispec_stopped_early", "decodes the server stopped: time_limit or shutdown", ["reason"], registry=r)
         depth = Gauge("verispec_queue_depth", "requests waiting for a worker", registry=r)
         depth.set_function(queue_depth)
-        busy = Gauge("verispec_busy_workers", "workers decoding a request", registry=r)
+        busy = Gauge("verispec_busy_workers", "requests being decoded (workers busy, or requests in the batch)", registry=r)
         busy.set_function(busy_workers)
+        self.batch_rounds = Counter("verispec_batch_rounds", "rounds of the continuous batch (one target forward each)", registry=r)
+        self.batch_size = Histogram("verispec_batch_size", "requests decoded together per round of the continuous batch",
+                                    buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.last_batch_size = Gauge("verispec_batch_last_size", "requests in the continuous batch's latest round", registry=r)
+
+    def record_round(self, size: int) -> None:
+        """One round of the continuous batch with ``size`` requests in it."""
+        self.batch_rounds.inc()
+        self.batch_size.observe(size)
+        self.last_batch_size.set(size)
 
     def record_finished(self, event) -> None:
         """A ``workers.JobFinished``."""

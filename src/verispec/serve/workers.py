@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.core.threads import default_threads
+from verispec.engine.continuous import token_tree_copy
 from verispec.engine.decoder import SpeculativeDecoder
+from verispec.engine.drafters import TokenTreeDrafter
 from verispec.engine.results import GenerationOutput
 from verispec.engine.streaming import TextStream
 
@@ -133,11 +135,15 @@ class Worker:
         self.target = target_adapter
         self.draft = draft
         self.tokenizer = copy.deepcopy(tokenizer)
+        self.token_tree: TokenTreeDrafter | None = None  # the tables this worker's token trees learn in
 
-    def decoder(self, settings: DecodeSettings) -> SpeculativeDecoder:
-        """A decoder for one request over this worker's adapters (cheap: no model work)."""
-        return SpeculativeDecoder(
-            self.target,
+    def decoder(self, settings: DecodeSettings, target=None) -> SpeculativeDecoder:
+        """A decoder for one request over this worker's adapters, or over ``target`` (cheap: no
+        model work). Token trees of this worker's own requests share one adjacency table and
+        acceptance estimates, which describe the target: each request starts from what the
+        earlier ones learned (as ``generate`` does from prompt to prompt)."""
+        decoder = SpeculativeDecoder(
+            target or self.target,
             None if settings.method == "ar" else self.draft,
             tokenizer=self.tokenizer,
             method=settings.method,
@@ -151,6 +157,12 @@ class Worker:
             stop=settings.stop,
             seed=settings.seed,
         )
+        if target is None and isinstance(decoder.drafter, TokenTreeDrafter):
+            if self.token_tree is None:
+                self.token_tree = decoder.drafter
+            else:
+                decoder.drafter = token_tree_copy(self.token_tree)
+        return decoder
 
 
 class WorkerPool:
@@ -159,6 +171,8 @@ class WorkerPool:
     workers: ``Worker`` objects (one thread each); max_queue >= 1: jobs waiting beyond the ones
     being decoded; on_finished(job, event): called in the worker thread after every job (metrics).
     """
+
+    scheduler = "workers"
 
     def __init__(self, workers: list[Worker], max_queue: int, threads_per_worker: int | None = None,
                  on_finished: Callable[[Job, JobEvent], None] | None = None):
