@@ -113,10 +113,14 @@ class Probe:
                 self.stop.wait(0.25)
 
 
-@pytest.fixture(scope="module")
-def fuzzed_server(tiny_pair, tokenizer):
-    """2 workers, queue 8, decodes cut at 1 s (a valid fuzzed request may ask for many tokens)."""
-    handle, _ = start_server(tiny_pair, tokenizer, workers=2, max_queue=8, request_timeout=1.0)
+@pytest.fixture(scope="module", params=["workers", "batch"])
+def fuzzed_server(request, tiny_pair, tokenizer):
+    """2 workers (or the continuous batch, with the engine's drafts so that requests batch), queue 8,
+    decodes cut at 1 s (a valid fuzzed request may ask for many tokens)."""
+    if request.param == "batch":
+        handle, _ = start_server((tiny_pair[0], None), tokenizer, max_queue=8, request_timeout=1.0, scheduler="batch")
+    else:
+        handle, _ = start_server(tiny_pair, tokenizer, workers=2, max_queue=8, request_timeout=1.0)
     probe = Probe(handle.url)
     probe.thread.start()
     tally = {"status": Counter(), "slowest": 0.0, "probe": probe}
