@@ -1,8 +1,16 @@
 """Bounded load test of ``verispec serve`` on loopback; stops by itself.
 
-    python benchmarks/serve_load.py [--dtype bf16] [--workers 2] [--max-queue 4] [--clients 16]
-                                    [--requests 64] [--rounds 3] [--max-tokens 32] [--method sd -L 4]
-                                    [--worker-memory 1,2,3]
+    python benchmarks/serve_load.py [--dtype bf16] [--scheduler batch|workers] [--workers 2] [--max-batch 8]
+                                    [--max-queue 4] [--clients 16] [--requests 64] [--rounds 3] [--max-tokens 32]
+                                    [--method sd -L 4] [--worker-memory 1,2,3]
+    python benchmarks/serve_load.py --compare 1,2,4,8 [--per-client 3] [--repeats 2] [--max-tokens 32]
+
+``--compare``: both servers (``--workers`` worker threads of 1 torch thread each, and the continuous
+batch with ``--batch-threads``) up at once; per client count, rounds of ``clients x --per-client``
+streamed requests alternate between them (A B, B A, ...); prints throughput (tokens/s), latency p50 /
+p95 and time to first token p50 per scheduler (median [min-max] over ``--repeats``), the ratios to
+the workers, and the same checks (complete or 429, none lost, every answer equal to the same
+request sent alone to that server; half the requests greedy, half seeded at temperature 0.7).
 
 Starts ``verispec serve`` (default target and draft) as a subprocess on a free loopback port, then
 for each round sends ``--requests`` requests from ``--clients`` concurrent clients (chat and
@@ -59,6 +67,7 @@ class Outcome:
     tokens: int = 0
     text: str = ""
     detail: str = ""
+    first_token: float | None = None  # seconds to the first text of a streamed answer
 
 
 def free_port() -> int:
@@ -75,10 +84,15 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-def start_server(args, workers: int, port: int) -> subprocess.Popen:
+def start_server(args, workers: int, port: int, scheduler: str | None = None) -> subprocess.Popen:
+    scheduler = scheduler or args.scheduler
+    threads = args.batch_threads if scheduler == "batch" else 1
     command = [sys.executable, "-m", "verispec.cli.main", "serve", "--port", str(port), "--dtype", args.dtype,
-               "--workers", str(workers), "--max-queue", str(args.max_queue), "--threads-per-worker", "1",
-               "--method", args.method, "-K", str(args.num_drafts), "-L", str(args.draft_len), "--shutdown-grace", "5"]
+               "--scheduler", scheduler, "--workers", str(workers), "--max-batch", str(args.max_batch),
+               "--max-queue", str(args.max_queue), "--threads-per-worker", str(threads),
+               "-K", str(args.num_drafts), "-L", str(args.draft_len), "--shutdown-grace", "5"]
+    if args.method:
+        command += ["--method", args.method]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -104,11 +118,12 @@ def stop_server(server: subprocess.Popen) -> int:
 
 
 def request_spec(index: int, max_tokens: int) -> dict:
-    """The index-th request: prompt, endpoint, streaming and seed cycle independently."""
+    """The index-th request: prompt, endpoint, streaming and seed cycle independently; seed 0 is
+    sampled at temperature 0.7, seed 1 greedy (temperature 0)."""
     prompt = PROMPTS[index % len(PROMPTS)]
     chat = index % 2 == 0
     seed = (index // len(PROMPTS)) % 2  # 16 distinct requests: prompt x seed (chat or not follows the prompt)
-    body = {"model": MODEL, "max_tokens": max_tokens, "seed": seed, "temperature": 0.7}
+    body = {"model": MODEL, "max_tokens": max_tokens, "seed": seed, "temperature": 0.7 if seed == 0 else 0.0}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -134,7 +149,7 @@ def send(client: httpx.Client, spec: dict, stream: bool) -> Outcome:
             if choice["finish_reason"] not in ("stop", "length") or usage["total_tokens"] != usage["prompt_tokens"] + usage["completion_tokens"]:
                 return Outcome("failed", time.perf_counter() - start, detail=f"incomplete answer {answer}")
             return Outcome("complete", time.perf_counter() - start, usage["completion_tokens"], text)
-        pieces, finish, tokens = [], None, 0
+        pieces, finish, tokens, first = [], None, 0, None
         body["stream_options"] = {"include_usage": True}
         with client.stream("POST", spec["path"], json=body) as response:
             if response.status_code == 429:
@@ -155,17 +170,23 @@ def send(client: httpx.Client, spec: dict, stream: bool) -> Outcome:
                     tokens = chunk["usage"]["completion_tokens"]
                 for choice in chunk["choices"]:
                     pieces.append((choice["delta"].get("content") if spec["chat"] else choice["text"]) or "")
+                    if pieces[-1] and first is None:
+                        first = time.perf_counter() - start
                     finish = choice["finish_reason"] or finish
         if not done or finish not in ("stop", "length"):
             return Outcome("failed", time.perf_counter() - start, detail="stream ended without [DONE] / finish_reason")
-        return Outcome("complete", time.perf_counter() - start, tokens, "".join(pieces))
+        return Outcome("complete", time.perf_counter() - start, tokens, "".join(pieces), first_token=first)
     except httpx.HTTPError as error:
         return Outcome("failed", time.perf_counter() - start, detail=repr(error))
 
 
-def run_round(url: str, args, references: dict) -> tuple[list[Outcome], float, list[str]]:
-    """One round: ``args.requests`` requests shared by ``args.clients`` client threads."""
-    next_index = iter(range(args.requests))
+def run_round(url: str, args, references: dict, clients: int | None = None, requests: int | None = None,
+              stream_all: bool = False) -> tuple[list[Outcome], float, list[str]]:
+    """One round: ``requests`` requests shared by ``clients`` client threads (default: the flags);
+    ``stream_all``: every request streamed (to time the first token)."""
+    clients = clients or args.clients
+    requests = requests or args.requests
+    next_index = iter(range(requests))
     lock = threading.Lock()
     outcomes: list[Outcome] = []
     problems: list[str] = []
@@ -178,7 +199,7 @@ def run_round(url: str, args, references: dict) -> tuple[list[Outcome], float, l
                 if index is None:
                     return
                 spec = request_spec(index, args.max_tokens)
-                outcome = send(client, spec, spec["stream"])
+                outcome = send(client, spec, stream_all or spec["stream"])
                 if outcome.kind == "complete" and outcome.text != references[spec["key"]]:
                     outcome = Outcome("failed", outcome.latency, detail=f"corrupted answer for request {index}: {outcome.text!r} != {references[spec['key']]!r}")
                 with lock:
@@ -189,8 +210,8 @@ def run_round(url: str, args, references: dict) -> tuple[list[Outcome], float, l
                     time.sleep(float(outcome.detail))
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(args.clients) as pool:
-        for future in [pool.submit(client_loop) for _ in range(args.clients)]:
+    with ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(client_loop) for _ in range(clients)]:
             future.result()
     return outcomes, time.perf_counter() - start, problems
 
@@ -205,7 +226,7 @@ def measure_worker_memory(args) -> None:
     previous = None
     for workers in [int(w) for w in args.worker_memory.split(",")]:
         port = free_port()
-        server = start_server(args, workers, port)
+        server = start_server(args, workers, port, "workers")
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
                 for index in range(workers):  # touch every worker's caches once
@@ -217,6 +238,86 @@ def measure_worker_memory(args) -> None:
         previous = rss
 
 
+def references_of(url: str, args) -> dict:
+    """Every distinct request sent alone (not streamed): the answers the load must reproduce."""
+    references = {}
+    with httpx.Client(base_url=url, timeout=300) as client:
+        for index in range(2 * len(PROMPTS)):
+            spec = request_spec(index, args.max_tokens)
+            if spec["key"] not in references:
+                outcome = send(client, spec, False)
+                if outcome.kind != "complete":
+                    raise RuntimeError(f"reference request failed: {outcome.detail}")
+                references[spec["key"]] = outcome.text
+    return references
+
+
+def compare(args) -> int:
+    """The worker threads and the continuous batch side by side: both servers up at once, rounds
+    interleaved per client count (A B, then B A, ...), every request streamed; prints one row per
+    (clients, scheduler) with the median and spread over the repeats, and the ratios."""
+    clients_list = [int(c) for c in args.compare.split(",")]
+    servers, urls, references = {}, {}, {}
+    failures: list[str] = []
+    try:
+        for scheduler in ("workers", "batch"):
+            port = free_port()
+            servers[scheduler] = start_server(args, args.workers, port, scheduler)
+            urls[scheduler] = f"http://127.0.0.1:{port}"
+            references[scheduler] = references_of(urls[scheduler], args)
+        differ = [key for key in references["workers"] if references["workers"][key] != references["batch"][key]]
+        print(f"verispec serve load, compare: workers ({args.workers} x 1 torch thread) vs continuous batch (max "
+              f"{args.max_batch}, {args.batch_threads} torch threads), server default rule {args.method or 'qfree (token trees)'}, "
+              f"{args.dtype}, max_tokens {args.max_tokens}, {args.per_client} requests per client per round, "
+              f"{args.repeats} repeats interleaved, all streamed; half greedy, half seeded at T=0.7")
+        print(f"requests whose alone-answer differs between the two servers: {len(differ)} of {len(references['batch'])}")
+        results: dict = {}
+        for clients in clients_list:
+            order = ["workers", "batch"]
+            for repeat in range(args.repeats):
+                for scheduler in (order if repeat % 2 == 0 else order[::-1]):
+                    outcomes, wall, problems = run_round(urls[scheduler], args, references[scheduler], clients,
+                                                         clients * args.per_client, stream_all=True)
+                    failures += [f"{scheduler}, {clients} clients: {p}" for p in problems]
+                    if len(outcomes) != clients * args.per_client:
+                        failures.append(f"{scheduler}, {clients} clients: {len(outcomes)} outcomes for "
+                                        f"{clients * args.per_client} requests (lost or duplicated)")
+                    complete = [o for o in outcomes if o.kind == "complete"]
+                    results.setdefault((clients, scheduler), []).append((
+                        sum(o.tokens for o in complete) / wall,
+                        percentile([o.latency for o in complete], 50),
+                        percentile([o.latency for o in complete], 95),
+                        percentile([o.first_token for o in complete if o.first_token is not None], 50),
+                        sum(o.kind == "refused" for o in outcomes),
+                    ))
+        print(f"{'clients':>7} {'scheduler':>9} {'tok/s':>14} {'p50 s':>13} {'p95 s':>13} {'TTFT p50 s':>13} {'429':>4} "
+              f"{'tok/s vs workers':>17} {'p50 vs workers':>15}")
+        for clients in clients_list:
+            base = results[(clients, "workers")]
+            for scheduler in ("workers", "batch"):
+                rows = results[(clients, scheduler)]
+
+                def cell(column, rows=rows):
+                    values = [row[column] for row in rows]
+                    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+                throughput = statistics.median(r[0] for r in rows) / statistics.median(r[0] for r in base)
+                latency = statistics.median(r[1] for r in rows) / statistics.median(r[1] for r in base)
+                print(f"{clients:>7} {scheduler:>9} {cell(0):>14} {cell(1):>13} {cell(2):>13} {cell(3):>13} "
+                      f"{sum(r[4] for r in rows):>4} {throughput:>16.2f}x {latency:>14.2f}x")
+        for scheduler, url in urls.items():
+            if httpx.get(url + "/health", timeout=10).status_code != 200:
+                failures.append(f"{scheduler}: /health is not 200 after the load")
+    finally:
+        for scheduler, server in servers.items():
+            if stop_server(server) != 0:
+                failures.append(f"the {scheduler} server did not exit cleanly on SIGINT")
+    for failure in failures[:20]:
+        print("FAIL:", failure)
+    print("all checks passed" if not failures else f"{len(failures)} checks failed")
+    return 1 if failures else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
@@ -226,12 +327,20 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=64, help="requests per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--method", default="sd")
+    parser.add_argument("--method", default=None, help="the server's --method (default: the server's own, qfree)")
+    parser.add_argument("--scheduler", default="batch", choices=["batch", "workers"])
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--batch-threads", type=int, default=2, help="torch threads of the batch (the workers get 1 each)")
+    parser.add_argument("--compare", default=None, help="e.g. 1,2,4,8: workers vs batch at these client counts, interleaved")
+    parser.add_argument("--per-client", type=int, default=3, help="--compare: requests per client per round")
+    parser.add_argument("--repeats", type=int, default=2, help="--compare: rounds per (clients, scheduler)")
     parser.add_argument("-K", "--num-drafts", type=int, default=1)
     parser.add_argument("-L", "--draft-len", type=int, default=4)
     parser.add_argument("--rss-tolerance-mb", type=float, default=30.0)
     parser.add_argument("--worker-memory", default=None, help="e.g. 1,2,3: also measure server RSS per worker count")
     args = parser.parse_args(argv)
+    if args.compare:
+        return compare(args)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -239,17 +348,10 @@ def main(argv=None) -> int:
     failures: list[str] = []
     try:
         # references: every distinct request alone, before the load (also warms every worker up)
-        references = {}
-        with httpx.Client(base_url=url, timeout=300) as client:
-            for index in range(2 * len(PROMPTS)):
-                spec = request_spec(index, args.max_tokens)
-                if spec["key"] not in references:
-                    outcome = send(client, spec, False)
-                    if outcome.kind != "complete":
-                        raise RuntimeError(f"reference request failed: {outcome.detail}")
-                    references[spec["key"]] = outcome.text
+        references = references_of(url, args)
         print(f"verispec serve load: {args.requests} requests x {args.rounds} rounds, {args.clients} clients, "
-              f"{args.workers} workers, queue {args.max_queue}, {args.method} K={args.num_drafts} L={args.draft_len}, "
+              f"{args.scheduler} scheduler ({args.workers} workers / batch of {args.max_batch}), queue {args.max_queue}, "
+              f"{args.method or 'default rule'} K={args.num_drafts} L={args.draft_len}, "
               f"{args.dtype}, max_tokens {args.max_tokens}, default target + default draft, 1 torch thread per worker")
         print(f"{'round':>5} {'complete':>8} {'429':>5} {'failed':>6} {'tokens':>7} {'wall s':>7} {'tok/s':>7} "
               f"{'answers/s':>9} {'p50 s':>6} {'p95 s':>6} {'RSS MB':>7}")
