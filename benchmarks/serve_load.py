@@ -11,6 +11,10 @@ streamed requests alternate between them (A B, B A, ...); prints throughput (tok
 p95 and time to first token p50 per scheduler (median [min-max] over ``--repeats``), the ratios to
 the workers, and the same checks (complete or 429, none lost, every answer equal to the same
 request sent alone to that server; half the requests greedy, half seeded at temperature 0.7).
+An answer that differs from its answer alone fails the check: a bug, or a float rounding flip of
+the target's logits, which depend on the shape of the forward (tree sizes, batch packing, chosen
+from timings). bf16 rounds coarsely enough that seeded sampling at temperature 0.7 flips now and
+then even with the worker threads; ``--dtype fp32`` tells the two apart.
 
 Starts ``verispec serve`` (default target and draft) as a subprocess on a free loopback port, then
 for each round sends ``--requests`` requests from ``--clients`` concurrent clients (chat and
@@ -201,7 +205,8 @@ def run_round(url: str, args, references: dict, clients: int | None = None, requ
                 spec = request_spec(index, args.max_tokens)
                 outcome = send(client, spec, stream_all or spec["stream"])
                 if outcome.kind == "complete" and outcome.text != references[spec["key"]]:
-                    outcome = Outcome("failed", outcome.latency, detail=f"corrupted answer for request {index}: {outcome.text!r} != {references[spec['key']]!r}")
+                    outcome = Outcome("failed", outcome.latency, detail=f"request {index} ({'greedy' if spec['body']['temperature'] == 0 else 'seeded'}) "
+                                      f"differs from its answer alone: {outcome.text!r} != {references[spec['key']]!r}")
                 with lock:
                     outcomes.append(outcome)
                     if outcome.kind == "failed":
@@ -283,6 +288,9 @@ def compare(args) -> int:
                         failures.append(f"{scheduler}, {clients} clients: {len(outcomes)} outcomes for "
                                         f"{clients * args.per_client} requests (lost or duplicated)")
                     complete = [o for o in outcomes if o.kind == "complete"]
+                    if args.verbose:
+                        print(f"  {scheduler} {clients} clients: wall {wall:.2f} s, {sum(o.tokens for o in complete)} tokens, "
+                              f"latencies {[round(o.latency, 2) for o in outcomes]}", flush=True)
                     results.setdefault((clients, scheduler), []).append((
                         sum(o.tokens for o in complete) / wall,
                         percentile([o.latency for o in complete], 50),
@@ -334,6 +342,7 @@ def main(argv=None) -> int:
     parser.add_argument("--compare", default=None, help="e.g. 1,2,4,8: workers vs batch at these client counts, interleaved")
     parser.add_argument("--per-client", type=int, default=3, help="--compare: requests per client per round")
     parser.add_argument("--repeats", type=int, default=2, help="--compare: rounds per (clients, scheduler)")
+    parser.add_argument("--verbose", action="store_true", help="--compare: print every round's wall time and latencies")
     parser.add_argument("-K", "--num-drafts", type=int, default=1)
     parser.add_argument("-L", "--draft-len", type=int, default=4)
     parser.add_argument("--rss-tolerance-mb", type=float, default=30.0)

@@ -19,6 +19,7 @@ from verispec.core.seeds import check_seed
 from verispec.errors import ConfigError
 from verispec.serve.schemas import ChatRequest, CompletionRequest
 from verispec.serve.workers import DecodeSettings, JobFinished
+from verispec.core.tree import DraftScheme
 from verispec.verify.registry import METHODS
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
@@ -154,7 +155,7 @@ def check_text(request) -> None:
 def resolve_speculative(request, config: ServerConfig) -> tuple[str, int, int, tuple[int, ...] | None]:
     """(method, K, L, tree) of a request: its ``speculative`` object within the server's limits.
 
-    Omitted fields: the server's method; K = 1 for chain rules, 2 for spechub, the server's K for
+    Omitted fields: the server's method; K = 1 for chain rules and q-free rules (token trees), 2 for spechub, the server's K for
     the other multi-draft rules; L = the server's L; the server's tree for its own method.
     """
     options = request.speculative
@@ -171,8 +172,8 @@ def resolve_speculative(request, config: ServerConfig) -> tuple[str, int, int, t
     draft_len = options.draft_len if options and options.draft_len is not None else config.draft_len
     tree = tuple(options.tree) if options and options.tree is not None else None
     if num_drafts is None:
-        if spec is None or spec.draft == "chain":
-            num_drafts = 1
+        if spec is None or spec.draft == "chain" or spec.tree_scheme is DraftScheme.DETERMINISTIC:
+            num_drafts = 1  # q-free rules draft the token trees, which size themselves (K unused)
         elif spec.draft == "tree":
             num_drafts = 2
         else:
