@@ -18,10 +18,19 @@ from verispec.cli.main import main
 
 @pytest.mark.parametrize("flag,value,message", [("--workers", "0", "--workers: must be a whole number >= 1"),
                                                 ("--max-queue", "0", "--max-queue: must be a whole number >= 1"),
+                                                ("--max-batch", "0", "--max-batch: must be a whole number >= 1"),
+                                                ("--scheduler", "threads", "--scheduler: invalid choice: 'threads'"),
                                                 ("--request-timeout", "0", "--request-timeout: must be a finite number > 0")])
 def test_bad_flags_exit_2_naming_the_flag(capsys, flag, value, message):
     assert main(["serve", flag, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_default_rule_is_the_engines_for_the_draft():
+    from verispec.cli.serve import default_method
+
+    assert default_method(None) == default_method("tree") == "qfree"
+    assert default_method("ngram") == default_method("head") == default_method("/models/draft") == "gumbel"
 
 
 def test_port_in_use_is_one_line_before_the_model_loads(capsys):
@@ -37,7 +46,12 @@ def test_port_in_use_is_one_line_before_the_model_loads(capsys):
     assert time.monotonic() - started < 10  # the bind failed before any model was looked for
 
 
-def test_serve_process(tmp_path, tokenizer):
+@pytest.mark.parametrize("scheduler,flags,method,banner", [
+    ("workers", ["--draft", "ngram", "--method", "spectr", "-K", "2", "-L", "3", "--scheduler", "workers", "--workers", "2"], "spectr",
+     "2 workers x 1 torch threads"),
+    ("batch", ["--max-batch", "3"], "qfree", "continuous batch of up to 3 x 1 torch threads"),  # the defaults
+])
+def test_serve_process(tmp_path, tokenizer, scheduler, flags, method, banner):
     target_dir = tmp_path / "tiny-target"
     tiny_llama(5, len(tokenizer), max_positions=512).save_pretrained(target_dir)
     tokenizer.save_pretrained(target_dir)
@@ -45,9 +59,8 @@ def test_serve_process(tmp_path, tokenizer):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = [sys.executable, "-m", "verispec.cli.main", "serve", "--target", str(target_dir), "--draft", "ngram",
-               "--host", "127.0.0.1", "--port", str(port), "--method", "spectr", "-K", "2", "-L", "3", "--scheduler", "workers", "--workers", "2",
-               "--threads-per-worker", "1"]
+    command = [sys.executable, "-m", "verispec.cli.main", "serve", "--target", str(target_dir),
+               "--host", "127.0.0.1", "--port", str(port), *flags, "--threads-per-worker", "1"]
     server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -64,17 +77,21 @@ def test_serve_process(tmp_path, tokenizer):
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny-target"
         answer = httpx.post(url + "/v1/chat/completions", timeout=60, json={
             "model": "tiny-target", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6}).json()
-        assert answer["speculative"]["method"] == "spectr" and answer["speculative"]["num_drafts"] == 2
-        assert answer["speculative"]["draft_len"] == 3 and answer["usage"]["completion_tokens"] >= 1
+        assert answer["speculative"]["method"] == method and answer["usage"]["completion_tokens"] >= 1
+        if method == "spectr":
+            assert answer["speculative"]["num_drafts"] == 2 and answer["speculative"]["draft_len"] == 3
+        assert httpx.get(url + "/health").json()["scheduler"] == scheduler
     finally:
         server.send_signal(signal.SIGINT)
         code = server.wait(timeout=60)
     assert code == 0
-    assert "2 workers x 1 torch threads" in server.stderr.read()
+    assert banner in server.stderr.read()
 
 
 @pytest.mark.parametrize("method,num_drafts,tree,error", [
     ("sd", 3, None, None),  # a chain rule under a server K of 3: requests default to K = 1
+    ("gumbel", 1, None, None),  # the default with a draft model (as here)
+    ("qfree", 1, None, "needs a tree shape"),  # q-free with a draft model: only with a tree
     ("spechub", 2, None, None),
     ("rrsw", 2, (2, 2, 1), None),
     ("nope", 1, None, "unknown speculative.method"),

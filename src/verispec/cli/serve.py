@@ -13,8 +13,8 @@ from verispec.cli import flags
 def add_serve_parser(sub, add_model_flags, int_list) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     add_model_flags(serve)
-    serve.add_argument("--method", default="qfree", help="default verification rule of requests (a registry name or 'ar'; "
-                       "default qfree: the token trees, as generate)")
+    serve.add_argument("--method", default=None, help="default verification rule of requests (a registry name or 'ar'; "
+                       "default as generate: qfree with the token trees, gumbel with a draft model or head)")
     serve.add_argument("-K", "--num-drafts", type=flags.int_at_least(1), default=1, help="default and largest K a request may ask for")
     serve.add_argument("-L", "--draft-len", type=flags.int_at_least(1), default=4, help="default and largest L a request may ask for")
     serve.add_argument("--tree", type=int_list, default=None, help="default tree (children per depth) for tree rules, e.g. 2,2,1")
@@ -44,6 +44,12 @@ def add_serve_parser(sub, add_model_flags, int_list) -> None:
 
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # = serve.requests.DEFAULT_MAX_REQUEST_BYTES (not imported: it pulls in torch)
+
+
+def default_method(draft: str | None) -> str:
+    """The engine's default rule for the server's draft (as ``SpeculativeDecoder(method=None)``):
+    q-free over the token trees (no --draft, or --draft tree), else the drafter-invariant chain rule."""
+    return "qfree" if draft in (None, "tree") else "gumbel"
 
 
 def served_name(target: str | None) -> str:
@@ -90,7 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
     tree = tuple(args.tree) if args.tree else None
     config = ServerConfig(
         model_name=args.served_model_name or served_name(args.target),
-        method=args.method,
+        method=args.method or default_method(args.draft),
         # a tree sets the largest shape too: its depth is L, its widest level bounds K
         num_drafts=max(args.num_drafts, max(tree)) if tree else args.num_drafts,
         draft_len=len(tree) if tree else args.draft_len,
