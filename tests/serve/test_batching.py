@@ -199,15 +199,15 @@ def test_targets_the_batch_cannot_run_are_refused_with_advice(tiny_pair, tokeniz
 
 
 def test_shutdown_stops_running_requests_and_frees_the_loop(tiny_pair, tokenizer):
-    handle, pool = batch_server(tiny_pair, tokenizer, graceful_seconds=0.2)
+    handle, pool = batch_server(tiny_pair, tokenizer, graceful_seconds=30)
     answer = {}
     worker = threading.Thread(target=lambda: answer.setdefault("r", httpx.post(handle.url + "/v1/completions",
-                                                                                json={**LONG, "max_tokens": 60}, timeout=60)))
+                                                                                json={**LONG, "max_tokens": 30}, timeout=60)))
     worker.start()
     wait_for(lambda: pool.busy_workers == 1)
     loop = pool._thread
     handle.stop()  # uvicorn waits for the in-flight request, then the scheduler shuts down
     worker.join(30)
-    assert answer["r"].status_code == 200 and answer["r"].json()["usage"]["completion_tokens"] == 60
+    assert answer["r"].status_code == 200 and answer["r"].json()["usage"]["completion_tokens"] == 30
     assert not pool.accepting and pool._thread is None and not loop.is_alive()
     assert pool.batch.running == [] and pool.batch.waiting == []
