@@ -3,9 +3,10 @@
 The server's second scheduler (``--scheduler workers``; the default is the continuous batch of
 ``serve.batching``), and the one for targets the batched runner cannot run (llama.cpp, the
 transformers forward). Each request is decoded alone, batch size 1: each of N worker threads
-owns a target adapter (its own KV cache) and a draft adapter over the SAME ``torch`` modules (weights shared, not copied; on bf16 CPU the native runner keeps one packed copy
-of the linear weights per adapter, see ``models.native_llama``), builds a ``SpeculativeDecoder``
-per request and runs it. Requests wait in a bounded FIFO; a full queue is refused at once
+owns a target adapter (its own KV cache) and a draft adapter over the SAME ``torch`` modules
+(weights shared, not copied; on bf16 CPU the native runner keeps one packed copy of the linear
+weights per adapter, see ``models.native_llama``), builds a ``SpeculativeDecoder`` per request
+and runs it. Requests wait in a bounded FIFO; a full queue is refused at once
 (``QueueFull`` -> HTTP 429 with Retry-After) instead of piling up latency.
 
 A decode is the engine's round generator; the worker checks the job's cancel flag (client gone),
