@@ -211,3 +211,13 @@ def test_shutdown_stops_running_requests_and_frees_the_loop(tiny_pair, tokenizer
     assert answer["r"].status_code == 200 and answer["r"].json()["usage"]["completion_tokens"] == 30
     assert not pool.accepting and pool._thread is None and not loop.is_alive()
     assert pool.batch.running == [] and pool.batch.waiting == []
+
+
+def test_qfree_requests_default_to_one_draft_under_a_server_k_of_one():
+    """The default rule must be servable with the default -K 1: the token trees size themselves."""
+    from types import SimpleNamespace
+
+    from verispec.serve.requests import ServerConfig, resolve_speculative
+
+    config = ServerConfig(MODEL, "qfree", 1, 4, None, 4096, 100)
+    assert resolve_speculative(SimpleNamespace(speculative=None), config) == ("qfree", 1, 4, None)
