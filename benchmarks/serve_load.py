@@ -8,8 +8,8 @@
 ``--compare``: both servers (``--workers`` worker threads of 1 torch thread each, and the continuous
 batch with ``--batch-threads``) up at once; per client count, rounds of ``clients x --per-client``
 streamed requests alternate between them (A B, B A, ...); prints throughput (tokens/s), latency p50 /
-p95 and time to first token p50 per scheduler (median [min-max] over ``--repeats``), the ratios to
-the workers, and the same checks (complete or 429, none lost, every answer equal to the same
+p95 and time to first token p50 per scheduler (median [min-max] over ``--repeats``), the 429s and
+the answers that differ from the same request alone (all repeats), the ratios to the workers, and the same checks (complete or 429, none lost, every answer equal to the same
 request sent alone to that server; half the requests greedy, half seeded at temperature 0.7).
 An answer that differs from its answer alone fails the check: a bug, or a float rounding flip of
 the target's logits, which depend on the shape of the forward (tree sizes, batch packing, chosen
@@ -297,8 +297,9 @@ def compare(args) -> int:
                         percentile([o.latency for o in complete], 95),
                         percentile([o.first_token for o in complete if o.first_token is not None], 50),
                         sum(o.kind == "refused" for o in outcomes),
+                        sum("differs from its answer alone" in o.detail for o in outcomes),
                     ))
-        print(f"{'clients':>7} {'scheduler':>9} {'tok/s':>14} {'p50 s':>13} {'p95 s':>13} {'TTFT p50 s':>13} {'429':>4} "
+        print(f"{'clients':>7} {'scheduler':>9} {'tok/s':>14} {'p50 s':>13} {'p95 s':>13} {'TTFT p50 s':>13} {'429':>4} {'differ':>6} "
               f"{'tok/s vs workers':>17} {'p50 vs workers':>15}")
         for clients in clients_list:
             base = results[(clients, "workers")]
@@ -312,7 +313,7 @@ def compare(args) -> int:
                 throughput = statistics.median(r[0] for r in rows) / statistics.median(r[0] for r in base)
                 latency = statistics.median(r[1] for r in rows) / statistics.median(r[1] for r in base)
                 print(f"{clients:>7} {scheduler:>9} {cell(0):>14} {cell(1):>13} {cell(2):>13} {cell(3):>13} "
-                      f"{sum(r[4] for r in rows):>4} {throughput:>16.2f}x {latency:>14.2f}x")
+                      f"{sum(r[4] for r in rows):>4} {sum(r[5] for r in rows):>6} {throughput:>16.2f}x {latency:>14.2f}x")
         for scheduler, url in urls.items():
             if httpx.get(url + "/health", timeout=10).status_code != 200:
                 failures.append(f"{scheduler}: /health is not 200 after the load")
