@@ -221,3 +221,28 @@ def test_qfree_requests_default_to_one_draft_under_a_server_k_of_one():
 
     config = ServerConfig(MODEL, "qfree", 1, 4, None, 4096, 100)
     assert resolve_speculative(SimpleNamespace(speculative=None), config) == ("qfree", 1, 4, None)
+
+
+def test_a_side_request_whose_client_left_while_waiting_never_starts(tiny_pair, tokenizer, events):
+    handle, pool = batch_server(tiny_pair, tokenizer, events, draft=tiny_pair[1], method="sd")
+    on_round = pool._on_round
+
+    def slow_round(running, output):  # the tiny pair decodes 3000 tokens in a second or two: slow it down
+        time.sleep(0.02)
+        return on_round(running, output)
+
+    pool._on_round = slow_round
+    try:
+        side_long = {**LONG, "speculative": {"method": "sd"}, "stream": True}
+        with httpx.stream("POST", handle.url + "/v1/completions", json=side_long, timeout=60) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the stream, a disconnect
+            next(line for line in lines if line.startswith("data: {"))  # the first side request decodes
+            with pytest.raises(httpx.ReadTimeout):  # the second waits behind it; its client gives up
+                httpx.post(handle.url + "/v1/completions", json={**side_long, "stream": False, "max_tokens": 5}, timeout=0.5)
+            wait_for(lambda: len(pool._side_waiting) == 1 and pool._side_waiting[0].cancelled.is_set())
+        wait_for(lambda: len(events) == 2, timeout=10)
+        messages = sorted(event.message for _, event in events)
+        assert all(type(event).__name__ == "JobFailed" and event.kind == "cancelled" for _, event in events)
+        assert messages == ["the client went away", "the client went away before the request started"]
+    finally:
+        handle.stop()

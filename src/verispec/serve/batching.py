@@ -300,6 +300,10 @@ class BatchScheduler:
             if not self._side_waiting:
                 return
             job = self._side_waiting.pop(0)
+            if job.cancelled.is_set() or self._abort.is_set():
+                gone = job.cancelled.is_set()
+                return self._report(job, JobFailed("cancelled" if gone else "shutdown", "the client went away before the request "
+                                                   "started" if gone else "the server shut down before this request started"))
             running = _Running(job, TextStream(job.settings.stop))
             running.deadline = running.started + job.time_limit
             running.rounds = decode_rounds(self.side.decoder(job.settings), job.prompt_ids)
