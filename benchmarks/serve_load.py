@@ -362,7 +362,8 @@ def main(argv=None) -> int:
         print(f"verispec serve load: {args.requests} requests x {args.rounds} rounds, {args.clients} clients, "
               f"{args.scheduler} scheduler ({args.workers} workers / batch of {args.max_batch}), queue {args.max_queue}, "
               f"{args.method or 'default rule'} K={args.num_drafts} L={args.draft_len}, "
-              f"{args.dtype}, max_tokens {args.max_tokens}, default target + default draft, 1 torch thread per worker")
+              f"{args.dtype}, max_tokens {args.max_tokens}, default target + default draft, "
+              f"{args.batch_threads if args.scheduler == 'batch' else 1} torch thread(s) per worker / batch")
         print(f"{'round':>5} {'complete':>8} {'429':>5} {'failed':>6} {'tokens':>7} {'wall s':>7} {'tok/s':>7} "
               f"{'answers/s':>9} {'p50 s':>6} {'p95 s':>6} {'RSS MB':>7}")
         rss = []
