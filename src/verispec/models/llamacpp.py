@@ -80,7 +80,13 @@ BATCH_INVARIANT_TOKENS = 63
 # batches llama.cpp's prefill is fast with (llama.cpp's own default n_ubatch): the rows after it are
 # then those of a fresh prefill of the same prompt, and every later forward stays below 64 tokens.
 PREFILL_BATCH = 512
-DEFAULT_SEQ_MAX = 64  # one sequence per root-to-leaf path (sequence 0 carries the first): the engine's K limit
+DEFAULT_SEQ_MAX = 64
+# llama-cpp-python 0.3.36 built with GGML_NATIVE on an Intel Xeon with AMX (2026-11-26): with llama.cpp's
+# extra weight buffers on (its default), the AMX buffer type repacks the Q4_1 / Q4_K weights of the
+# default target and of Gemma 3 270M, and the first llama_decode then crashes the process
+# (segmentation fault, in llama-cpp-python's own Llama too). The adapter keeps them off where the
+# build reports AMX; elsewhere they stay on (the CPU repack gives the fast Q4_0 / Q4_K kernels).
+AMX_FEATURE = "AMX_INT8 = 1"  # one sequence per root-to-leaf path (sequence 0 carries the first): the engine's K limit
 
 
 def llamacpp_available() -> str | None:
@@ -105,6 +111,12 @@ def import_llama_cpp():
             f"renamed); install the pinned version: pip install 'llama-cpp-python=={LLAMACPP_VERSION}' or {INSTALL_HINT}"
         )
     return llama_cpp
+
+
+def default_extra_buffers(lib) -> bool:
+    """Whether llama.cpp's extra (repacked) weight buffers are safe to use with this build: not
+    where it reports AMX (see AMX_FEATURE)."""
+    return AMX_FEATURE not in lib.llama_print_system_info().decode("utf-8", "replace")
 
 
 def gguf_architecture(path: Path) -> str:
@@ -226,7 +238,9 @@ class LlamaCppAdapter(RoundState):
     BATCH_INVARIANT_TOKENS); prefill_batch: tokens per ``llama_decode`` of the prompt's prefill
     (``reset``; PREFILL_BATCH: fast, and the same for plain and speculative decoding); kv_type: "f16" (llama.cpp's default) or "f32" KV cache;
     flash_attn: None (llama.cpp's choice: on for CPUs), True or False (float32 attention: with an
-    F32 GGUF and kv_type "f32" the logits then equal torch's within ~1e-6, against ~3e-4 with it on).
+    F32 GGUF and kv_type "f32" the logits then equal torch's within ~1e-6, against ~3e-4 with it on);
+    extra_buffers: llama.cpp's repacked weight buffers (None: on, except where the build has AMX,
+    whose buffer crashes llama.cpp here, see AMX_FEATURE).
     """
 
     backend = "llamacpp"
@@ -243,6 +257,7 @@ class LlamaCppAdapter(RoundState):
         prefill_batch: int = PREFILL_BATCH,
         kv_type: str = "f16",
         flash_attn: bool | None = None,
+        extra_buffers: bool | None = None,
     ):
         self._model = self._ctx = self._batch = None
         self._llama = import_llama_cpp()
@@ -268,6 +283,8 @@ class LlamaCppAdapter(RoundState):
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
         model_params.n_gpu_layers = 0
+        model_params.use_extra_bufts = default_extra_buffers(lib) if extra_buffers is None else bool(extra_buffers)
+        self.extra_buffers = bool(model_params.use_extra_bufts)
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             if self.architecture not in _known_architectures():
