@@ -332,7 +332,7 @@ class LlamaCppAdapter(RoundState):
         self.eos_token_ids = tuple(sorted({int(t) for t in (lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)) if t >= 0}))
         self.n_seq_max = int(n_seq_max)
         self.n_batch = round_batch
-        self.prefill_batch = int(params.n_batch)
+        self.prefill_batch = min(int(prefill_batch), context)
         self._batch = lib.llama_batch_init(self.prefill_batch, 0, self.n_seq_max)
         self._cached_len = 0  # committed tokens whose cells are in the cache (sequence 0)
         self._tokens: list[int] = []  # committed tokens, pending root last
