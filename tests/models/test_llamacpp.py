@@ -494,6 +494,12 @@ def test_sprinter_and_the_transformers_anchor_refuse_the_llamacpp_backend(gguf_f
         Sweep(config, str(gguf_files["target", VOCAB]), None, str(gguf_files["draft", VOCAB]))
 
 
+def test_batched_decoding_on_llamacpp_is_refused_clearly(gguf_files):
+    decoder = SpeculativeDecoder(str(gguf_files["target", VOCAB]), "ngram", method="sd", max_new_tokens=3, eos_token_id=[])
+    with pytest.raises(ConfigError, match="batched decoding is not built for the llamacpp backend.*generate"):
+        decoder.generate_batch([PROMPT, PROMPT[:4]])
+
+
 def test_the_extra_not_installed_says_how_to_install(monkeypatch, gguf_files):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
