@@ -374,6 +374,22 @@ def test_a_long_prompt_prefilled_in_one_batch_keeps_speculative_output_equal_to_
     assert torch.equal(target.score([-1], [-1])[0], fresh.score([-1], [-1])[0])
 
 
+@pytest.mark.slow
+def test_auto_runs_the_default_target_on_llamacpp_on_a_cpu_without_native_bf16(monkeypatch, capsys):
+    """The CLI's ``--backend auto`` end to end: on a CPU without native bf16 (faked) the default
+    target's GGUF runs through llama.cpp, with no torch model loaded."""
+    import verispec.models.default as default
+    from verispec.cli.main import main
+
+    monkeypatch.setattr(default, "fast_dtype_name", lambda cpuinfo=None: "fp32")
+    monkeypatch.setattr(default, "load_model", lambda *a, **k: pytest.fail("auto loaded a torch model"))
+    resets = []
+    real_reset = LlamaCppAdapter.reset
+    monkeypatch.setattr(LlamaCppAdapter, "reset", lambda self, ids: resets.append(len(ids)) or real_reset(self, ids))
+    assert main(["generate", "Name three colours.", "--max-new-tokens", "4", "--temperature", "0", "--threads", "1"]) == 0
+    assert resets and "4 tokens" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------- Gemma 3 270M's GGUF
 
 
