@@ -139,6 +139,34 @@ def test_incremental_extends_equal_one_tree_forward(gguf_files):
     torch.testing.assert_close(adapter.score([-1, 1], [-1, 0]), fresh.score([-1, 1], [-1, 0]), atol=1e-5, rtol=0)
 
 
+def test_the_prompt_is_prefilled_in_large_batches_and_rounds_in_small_ones(gguf_files, monkeypatch):
+    """The prefill (``reset``) uses PREFILL_BATCH-token forwards (fast; the same for plain and
+    speculative decoding); a round's forward stays below 64 tokens (batch-invariant rows)."""
+    import llama_cpp
+
+    from verispec.models.llamacpp import BATCH_INVARIANT_TOKENS, PREFILL_BATCH
+
+    sizes = []
+    real = llama_cpp.llama_decode
+    monkeypatch.setattr(llama_cpp, "llama_decode", lambda ctx, batch: sizes.append(batch.n_tokens) or real(ctx, batch))
+    long_prompt = [(3 * i) % VOCAB for i in range(101)]
+    adapter = open_adapter(gguf_files["target", VOCAB])
+    assert (adapter.prefill_batch, adapter.n_batch) == (min(PREFILL_BATCH, 128), BATCH_INVARIANT_TOKENS)  # tiny context: 128
+    adapter.reset(long_prompt)
+    assert sizes == [100]  # one forward, not chunks of 63
+    adapter.reset(long_prompt[:41])
+    adapter.append_committed(list(range(3, 13)) * 7, 4)  # 70 committed tokens ride along the next forward: split
+    sizes.clear()
+    adapter.score([-1, 5], [-1, 0])
+    assert sizes == [63, 10]  # the old root, 70 tokens, the new root and one node
+    small = open_adapter(gguf_files["target", VOCAB], prefill_batch=20)
+    sizes.clear()
+    small.reset(long_prompt)
+    assert sizes == [20] * 5
+    adapter.reset(long_prompt)  # the prefill's batch size moves F32 rows by float rounding only
+    torch.testing.assert_close(small.score([-1, 5], [-1, 0]), adapter.score([-1, 5], [-1, 0]), atol=1e-5, rtol=0)
+
+
 def test_logits_match_the_torch_runner_on_the_same_weights(gguf_files):
     torch_model, _ = tiny_models(VOCAB)
     reference = HFModelAdapter(torch_model, backend="native")
@@ -322,6 +350,98 @@ def test_commits_off_the_first_chain_leave_exact_rows_on_the_default_gguf(defaul
         target.commit([], 9)
 
 
+@pytest.mark.slow
+def test_a_long_prompt_prefilled_in_one_batch_keeps_speculative_output_equal_to_plain(default_gguf):
+    """A prompt beyond 63 tokens is prefilled in one large batch (other kernels than the rounds'),
+    the same for both decoders: greedy token trees still reproduce plain decoding, and the rows
+    after the commits equal a fresh prefill of the prompt followed by the generated tokens."""
+    from verispec.models.llamacpp import load_llamacpp_adapter
+
+    target, prompts, _ = default_gguf
+    ids = (prompts[0] + prompts[1]) * 3
+    assert len(ids) > 100
+    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
+    spec = SpeculativeDecoder(target, None, temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
+    spec.drafter.cost = FREE_TREES
+    reference = plain.generate(ids).token_ids
+    output = spec.generate(ids)
+    assert output.token_ids == reference
+    assert max(step.tree_nodes for step in output.steps) > 4
+    committed = target.tokens()
+    fresh = load_llamacpp_adapter("default", n_threads=1)
+    fresh.reset(ids)
+    fresh.append_committed(committed[len(ids):-1], committed[-1])
+    assert torch.equal(target.score([-1], [-1])[0], fresh.score([-1], [-1])[0])
+
+
+@pytest.mark.slow
+def test_auto_runs_the_default_target_on_llamacpp_on_a_cpu_without_native_bf16(monkeypatch, capsys):
+    """The CLI's ``--backend auto`` end to end: on a CPU without native bf16 (faked) the default
+    target's GGUF runs through llama.cpp, with no torch model loaded."""
+    import verispec.models.default as default
+    from verispec.cli.main import main
+
+    monkeypatch.setattr(default, "fast_dtype_name", lambda cpuinfo=None: "fp32")
+    monkeypatch.setattr(default, "load_model", lambda *a, **k: pytest.fail("auto loaded a torch model"))
+    resets = []
+    real_reset = LlamaCppAdapter.reset
+    monkeypatch.setattr(LlamaCppAdapter, "reset", lambda self, ids: resets.append(len(ids)) or real_reset(self, ids))
+    assert main(["generate", "Name three colours.", "--max-new-tokens", "4", "--temperature", "0", "--threads", "1"]) == 0
+    assert resets and "4 tokens" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------- Gemma 3 270M's GGUF
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf():
+    from verispec.models.gemma import gemma_available
+
+    reason = gemma_available()
+    if reason is not None:
+        pytest.skip(reason)
+    from verispec.models.default import encode_prompt
+    from verispec.models.llamacpp import load_gguf_tokenizer, load_llamacpp_adapter
+
+    tokenizer = load_gguf_tokenizer("gemma3-270m")
+    target = load_llamacpp_adapter("gemma3-270m", n_threads=1)
+    prompts = [encode_prompt(tokenizer, text) for text in GREEDY_PROMPTS]
+    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
+    return target, prompts, [plain.generate(ids).token_ids for ids in prompts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["qfree", "sd", "spectr"])
+def test_lossless_rules_reproduce_greedy_llamacpp_output_on_gemma(gemma_gguf, method):
+    """Gemma 3 270M (Q4_K_M, sliding-window layers) through llama.cpp: token trees (priced free, so
+    that they branch), SD and SpecTr reproduce plain greedy decoding token for token. Its rows are
+    not batch-invariant (up to ~1 logit between tree sizes, docs/llamacpp.md), so a near-tie could
+    flip; on these prompts none does."""
+    target, prompts, references = gemma_gguf
+    assert target.architecture == "gemma3" and target.vocab_size == 262144
+    shape = {"qfree": {}, "sd": dict(draft_len=3), "spectr": dict(num_drafts=2, draft_len=2)}[method]
+    decoder = SpeculativeDecoder(target, None if method == "qfree" else "ngram", method=method, temperature=0,
+                                 max_new_tokens=GREEDY_TOKENS, eos_token_id=[], seed=3, **shape)
+    if method == "qfree":
+        decoder.drafter.cost = FREE_TREES
+    accepted = 0
+    for ids, reference in zip(prompts, references):
+        output = decoder.generate(ids)
+        assert output.token_ids == reference
+        accepted += sum(step.accepted_len for step in output.steps)
+    assert accepted > 0
+
+
+@pytest.mark.slow
+def test_the_cli_runs_gemma_on_llamacpp(gemma_gguf, capsys):
+    from verispec.cli.main import main
+
+    code = main(["generate", "Name three colours.", "--target", "gemma3-270m", "--backend", "llamacpp",
+                 "--max-new-tokens", "6", "--temperature", "0", "--threads", "1"])
+    assert code == 0
+    assert "6 tokens" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------ bad input
 
 
@@ -373,6 +493,27 @@ def test_gguf_paths_run_on_llamacpp_and_other_models_are_refused(gguf_files):
         SpeculativeDecoder(str(gguf_files["target", VOCAB]), "ngram", backend="native")
     with pytest.raises(ConfigError, match="draft head reads the target's hidden states.*'llamacpp'"):
         SpeculativeDecoder(str(gguf_files["target", VOCAB]), "head", method="sd")
+
+
+def test_sprinter_and_the_transformers_anchor_refuse_the_llamacpp_backend(gguf_files, tmp_path, capsys):
+    from verispec.bench.config import make_config
+    from verispec.bench.runner import Sweep
+    from verispec.cli.main import main
+    from verispec.sprinter.decoder import SprinterDecoder
+
+    with pytest.raises(ConfigError, match="SPRINTER's verifier reads the target's hidden states.*llamacpp"):
+        SprinterDecoder(str(gguf_files["target", VOCAB]), "ngram", verifier=None)
+    assert main(["generate", "hi", "--method", "sprinter", "--backend", "llamacpp"]) == 2
+    assert "SPRINTER's verifier reads the target's hidden states" in capsys.readouterr().err
+    config = make_config(None, dict(methods="sd", dataset=["humaneval"], anchor=True, progress=False, backend="llamacpp"))
+    with pytest.raises(ConfigError, match="--anchor runs transformers' own generate.*llamacpp"):
+        Sweep(config, str(gguf_files["target", VOCAB]), None, str(gguf_files["draft", VOCAB]))
+
+
+def test_batched_decoding_on_llamacpp_is_refused_clearly(gguf_files):
+    decoder = SpeculativeDecoder(str(gguf_files["target", VOCAB]), "ngram", method="sd", max_new_tokens=3, eos_token_id=[])
+    with pytest.raises(ConfigError, match="batched decoding is not built for the llamacpp backend.*generate"):
+        decoder.generate_batch([PROMPT, PROMPT[:4]])
 
 
 def test_the_extra_not_installed_says_how_to_install(monkeypatch, gguf_files):

@@ -89,6 +89,12 @@ class Sweep:
                 "--anchor compares with transformers' assisted generation, which needs a neural draft: "
                 "give --draft DIR (a Hugging Face model directory sharing the target's vocabulary)"
             )
+        if config.anchor and "llamacpp" in (getattr(self.target, "backend", None), getattr(self.draft, "backend", None)):
+            raise ConfigError(
+                "--anchor runs transformers' own generate on the torch target and draft, and a model on the llamacpp "
+                "backend has none; drop --anchor (benchmarks/backends.py compares with llama-cpp-python's own "
+                "generation), or give model directories with --backend auto"
+            )
         self.datasets = list(datasets) if datasets is not None else [load_dataset(spec, config.limit) for spec in config.dataset]
         self.eos_ids = sorted(self._eos_ids())
         self.specs, self.skipped = self._plan()

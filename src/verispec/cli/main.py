@@ -40,8 +40,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="auto (default): bf16 where the CPU has native bf16, else fp32")
     parser.add_argument("--device", type=flags.device, default="cpu", help="cpu (default) or cuda[:N] (needs a CUDA build of torch)")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
-                        help="model forward: the native Llama forward when the model qualifies (auto, default), "
-                             "transformers' own forward, or llamacpp: the target's GGUF file through llama.cpp "
+                        help="model forward: auto (default): llama.cpp on a CPU without native bf16 when the "
+                             "llamacpp extra is installed and the target has a GGUF, else torch with the native Llama "
+                             "forward when the model qualifies; native; transformers' own forward; or llamacpp: the "
+                             "target's GGUF file through llama.cpp "
                              "(--target default, gemma3-270m or a .gguf path; a .gguf --draft runs there too; "
                              "needs pip install 'verispec[llamacpp]')")
 
@@ -131,6 +133,11 @@ def main(argv=None) -> int:
     except SystemExit as done:  # --help (0) or a bad flag (2, its one line already printed)
         return done.code if isinstance(done.code, int) else 2
     try:
+        if args.command in ("generate", "demo", "serve") and args.backend == "auto":
+            from verispec.models.backend_choice import choose_backend
+
+            # llama.cpp or torch from the CPU kind and the flags (docs/llamacpp.md), before any model loads
+            args.backend = choose_backend(args.target, args.draft, args.method, args.dtype, args.device).backend
         if args.command == "generate" and args.method == "sprinter":
             from verispec.cli.sprinter import run_generate_sprinter
 

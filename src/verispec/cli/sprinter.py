@@ -414,6 +414,10 @@ def run_generate_sprinter(args) -> int:
     from verispec.sprinter.decoder import SprinterDecoder
     from verispec.sprinter.features import make_extractor, model_identifier
 
+    from verispec.sprinter.decoder import SPRINTER_ON_LLAMACPP
+
+    if getattr(args, "backend", "auto") == "llamacpp":  # before any model is loaded
+        raise ConfigError(SPRINTER_ON_LLAMACPP)
     prepare_output_file(getattr(args, "stats_json", None))
     target, tokenizer, draft = _load_pair(args)
     extractor = make_extractor(target, draft)

@@ -149,6 +149,9 @@ class BatchDecoder:
                 f"draft (a draft model or head) cannot batch yet: use draft='tree' or draft='ngram', or decode one "
                 "prompt at a time with generate"
             )
+        if getattr(decoder.target, "backend", None) == "llamacpp":
+            raise ConfigError("batched decoding is not built for the llamacpp backend yet: decode one prompt at a time "
+                              "with generate, or batch on torch (backend 'auto' or 'native' with a Llama model)")
         if decoder.step_callback is not None:
             raise ConfigError("step_callback is not supported in batched decoding (it cannot tell the sequences apart); "
                               "use generate per prompt to record rounds")

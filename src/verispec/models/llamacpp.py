@@ -35,7 +35,10 @@ that order whenever the path skips a node. Rollback is the same ``seq_rm`` from 
 Numerics: a forward of at most 63 tokens gives rows bit-identical to scoring each node alone
 (``BATCH_INVARIANT_TOKENS``, measured on this build and CPU), so with cells in position order a
 tree's rows equal plain decoding's exactly and greedy speculative output equals greedy plain
-output token for token (tests/models/test_llamacpp.py). Longer forwards are split. Flash
+output token for token (tests/models/test_llamacpp.py). Longer round forwards are split. The
+prompt's prefill (``reset``) runs in batches of up to ``PREFILL_BATCH`` tokens: it is the same for
+plain and speculative decoding, so their rows still agree; a fresh prefill of a longer text
+(prompt and generated tokens at once) may differ from them in the last bits. Flash
 attention is llama.cpp's choice (on for CPUs); with it off the non-flash path is not
 batch-invariant on the F16 cache.
 
@@ -70,10 +73,20 @@ DEFAULT_MAX_CONTEXT = 8192
 # Forwards of at most 63 tokens give bit-identical rows whatever the batch (llama-cpp-python 0.3.36,
 # CPU build, AMD EPYC Zen 4, Q4_1 default target: a node scored in a tree of 63 equals it scored
 # alone); from 64 tokens on llama.cpp switches to other matrix kernels and rows move by up to ~3
-# logits. Prompts and trees are therefore fed in chunks of 63 by default (a 300-token prefill
-# measured 9% slower than in one batch), which keeps greedy decoding token-for-token reproducible.
+# logits. Trees and the committed tokens riding along with them are therefore fed in chunks of 63,
+# which keeps greedy speculative decoding token-for-token equal to plain decoding.
 BATCH_INVARIANT_TOKENS = 63
-DEFAULT_SEQ_MAX = 64  # one sequence per root-to-leaf path (sequence 0 carries the first): the engine's K limit
+# The prompt's prefill is the same in plain and speculative decoding, so it may use the large
+# batches llama.cpp's prefill is fast with (llama.cpp's own default n_ubatch): the rows after it are
+# then those of a fresh prefill of the same prompt, and every later forward stays below 64 tokens.
+PREFILL_BATCH = 512
+DEFAULT_SEQ_MAX = 64
+# llama-cpp-python 0.3.36 built with GGML_NATIVE on an Intel Xeon with AMX (2026-11-26): with llama.cpp's
+# extra weight buffers on (its default), the AMX buffer type repacks the Q4_1 / Q4_K weights of the
+# default target and of Gemma 3 270M, and the first llama_decode then crashes the process
+# (segmentation fault, in llama-cpp-python's own Llama too). The adapter keeps them off where the
+# build reports AMX; elsewhere they stay on (the CPU repack gives the fast Q4_0 / Q4_K kernels).
+AMX_FEATURE = "AMX_INT8 = 1"  # one sequence per root-to-leaf path (sequence 0 carries the first): the engine's K limit
 
 
 def llamacpp_available() -> str | None:
@@ -98,6 +111,12 @@ def import_llama_cpp():
             f"renamed); install the pinned version: pip install 'llama-cpp-python=={LLAMACPP_VERSION}' or {INSTALL_HINT}"
         )
     return llama_cpp
+
+
+def default_extra_buffers(lib) -> bool:
+    """Whether llama.cpp's extra (repacked) weight buffers are safe to use with this build: not
+    where it reports AMX (see AMX_FEATURE)."""
+    return AMX_FEATURE not in lib.llama_print_system_info().decode("utf-8", "replace")
 
 
 def gguf_architecture(path: Path) -> str:
@@ -163,13 +182,35 @@ def load_gguf_tokenizer(name: str | os.PathLike | None):
         return load_default_tokenizer()
     from transformers import AutoTokenizer
 
+    if str(name) == "gemma3-270m":
+        return _gemma_tokenizer()
     path = gguf_of_target(name)
     gguf_architecture(path)  # a missing or non-GGUF file: a clear error before transformers reads it
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    if str(name) == "gemma3-270m":
-        from verispec.models.gemma import set_chat_format
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
 
-        set_chat_format(tokenizer)
+
+def _gemma_tokenizer():
+    """Gemma 3 270M's tokenizer with its chat format. Reading it from the GGUF takes transformers
+    ~45 s (262k tokens, measured on a loaded 2-core Xeon), so it is saved once beside the GGUF
+    (``tokenizer/``) and read from there (or from the torch target's converted cache) later."""
+    from transformers import AutoTokenizer
+
+    from verispec.models.gemma import cache_dir, gemma_gguf_path, set_chat_format
+    from verispec.models.loading import staged_directory
+
+    path = gemma_gguf_path()
+    saved = path.parent / "tokenizer"
+    folder = next((f for f in (saved, cache_dir()) if (f / "tokenizer_config.json").is_file()), None)
+    if folder is not None:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        try:
+            with staged_directory(saved) as staging:
+                tokenizer.save_pretrained(staging)
+        except OSError:  # another process saved it first, or the cache is read-only: read from the GGUF next time
+            pass
+    set_chat_format(tokenizer)
     return tokenizer
 
 
@@ -192,11 +233,14 @@ class LlamaCppAdapter(RoundState):
     gguf_path: the .gguf file; n_ctx: context length in tokens (default: the model's training
     context, at most 8192); n_threads: CPU threads (default: torch's thread count, so that both
     backends run on the same threads); n_seq_max: sequence ids of the context = the widest
-    tree (root-to-leaf paths) a round may score; n_batch: tokens per ``llama_decode`` (longer
-    prompts and trees are split; the default keeps every forward batch-invariant, see
-    BATCH_INVARIANT_TOKENS); kv_type: "f16" (llama.cpp's default) or "f32" KV cache;
+    tree (root-to-leaf paths) a round may score; n_batch: tokens per ``llama_decode`` of a round
+    (larger trees are split; the default keeps every round's forward batch-invariant, see
+    BATCH_INVARIANT_TOKENS); prefill_batch: tokens per ``llama_decode`` of the prompt's prefill
+    (``reset``; PREFILL_BATCH: fast, and the same for plain and speculative decoding); kv_type: "f16" (llama.cpp's default) or "f32" KV cache;
     flash_attn: None (llama.cpp's choice: on for CPUs), True or False (float32 attention: with an
-    F32 GGUF and kv_type "f32" the logits then equal torch's within ~1e-6, against ~3e-4 with it on).
+    F32 GGUF and kv_type "f32" the logits then equal torch's within ~1e-6, against ~3e-4 with it on);
+    extra_buffers: llama.cpp's repacked weight buffers (None: on, except where the build has AMX,
+    whose buffer crashes llama.cpp here, see AMX_FEATURE).
     """
 
     backend = "llamacpp"
@@ -210,8 +254,10 @@ class LlamaCppAdapter(RoundState):
         n_threads: int | None = None,
         n_seq_max: int = DEFAULT_SEQ_MAX,
         n_batch: int = BATCH_INVARIANT_TOKENS,
+        prefill_batch: int = PREFILL_BATCH,
         kv_type: str = "f16",
         flash_attn: bool | None = None,
+        extra_buffers: bool | None = None,
     ):
         self._model = self._ctx = self._batch = None
         self._llama = import_llama_cpp()
@@ -224,8 +270,8 @@ class LlamaCppAdapter(RoundState):
             raise ConfigError(
                 f"n_seq_max must lie in [1, {lib.llama_max_parallel_sequences()}] (llama.cpp's limit), got {n_seq_max}"
             )
-        if int(n_batch) < 1:
-            raise ConfigError(f"n_batch must be >= 1, got {n_batch}")
+        if int(n_batch) < 1 or int(prefill_batch) < 1:
+            raise ConfigError(f"n_batch and prefill_batch must be >= 1, got {n_batch} and {prefill_batch}")
         threads = torch.get_num_threads() if n_threads is None else int(n_threads)
         if threads < 1:
             raise ConfigError(f"n_threads must be >= 1, got {n_threads}")
@@ -237,6 +283,8 @@ class LlamaCppAdapter(RoundState):
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
         model_params.n_gpu_layers = 0
+        model_params.use_extra_bufts = default_extra_buffers(lib) if extra_buffers is None else bool(extra_buffers)
+        self.extra_buffers = bool(model_params.use_extra_bufts)
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             if self.architecture not in _known_architectures():
@@ -254,10 +302,13 @@ class LlamaCppAdapter(RoundState):
             raise ConfigError(f"n_ctx must lie in [2, {train_context}] (the model's training context), got {n_ctx}")
         params = lib.llama_context_default_params()
         params.n_ctx = context
-        params.n_batch = params.n_ubatch = min(int(n_batch), context)
+        round_batch = min(int(n_batch), context)
+        # one physical batch (n_ubatch) holds a whole prefill chunk: llama.cpp would split it otherwise
+        params.n_batch = params.n_ubatch = min(max(round_batch, int(prefill_batch)), context)
         params.n_seq_max = int(n_seq_max)
-        # llama.cpp reserves room for at least n_seq_max output rows and asserts it fits n_outputs_max
-        params.n_outputs_max = max(params.n_batch, params.n_seq_max)
+        # rows are only asked for inside rounds; llama.cpp reserves room for at least n_seq_max output
+        # rows and asserts it fits n_outputs_max (the logits buffer: rows x vocabulary floats)
+        params.n_outputs_max = max(round_batch, params.n_seq_max)
         params.n_threads = params.n_threads_batch = threads
         params.kv_unified = True  # one cell buffer: seq_cp tags cells instead of copying a stream
         params.swa_full = True  # sliding-window layers keep every cell, so a rollback never misses one
@@ -280,8 +331,9 @@ class LlamaCppAdapter(RoundState):
         # the GGUF's end-of-sequence / end-of-turn tokens (-1 when absent), joined to the tokenizer's EOS
         self.eos_token_ids = tuple(sorted({int(t) for t in (lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)) if t >= 0}))
         self.n_seq_max = int(n_seq_max)
-        self.n_batch = int(params.n_batch)
-        self._batch = lib.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        self.n_batch = round_batch
+        self.prefill_batch = min(int(prefill_batch), context)
+        self._batch = lib.llama_batch_init(self.prefill_batch, 0, self.n_seq_max)
         self._cached_len = 0  # committed tokens whose cells are in the cache (sequence 0)
         self._tokens: list[int] = []  # committed tokens, pending root last
         self._clear_tree()
@@ -316,13 +368,15 @@ class LlamaCppAdapter(RoundState):
 
     # ------------------------------------------------------------- llama.cpp
 
-    def _decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]], logits: Sequence[bool]) -> np.ndarray:
-        """One logical ``llama_decode`` over the entries (in chunks of n_batch); the float32 logits
-        of the entries with ``logits`` set, in order, (n, V)."""
+    def _decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]], logits: Sequence[bool],
+                chunk: int | None = None) -> np.ndarray:
+        """One logical ``llama_decode`` over the entries (in chunks of ``chunk``, default n_batch);
+        the float32 logits of the entries with ``logits`` set, in order, (n, V)."""
         lib, batch = self._llama, self._batch
+        chunk = chunk or self.n_batch
         rows = []
-        for start in range(0, len(tokens), self.n_batch):
-            end = min(start + self.n_batch, len(tokens))
+        for start in range(0, len(tokens), chunk):
+            end = min(start + chunk, len(tokens))
             outputs = 0
             for i in range(start, end):
                 j = i - start
@@ -371,7 +425,7 @@ class LlamaCppAdapter(RoundState):
         self._clear_tree()
         if len(prompt) > 1:
             body = prompt[:-1]
-            self._decode(body, range(len(body)), [(0,)] * len(body), [False] * len(body))
+            self._decode(body, range(len(body)), [(0,)] * len(body), [False] * len(body), chunk=self.prefill_batch)
             self._cached_len = len(body)
 
     def _check_tokens(self, tokens: Sequence[int]) -> None:

@@ -166,6 +166,13 @@ class _FlopMeter:
 
 
 # ----- the decoder -------------------------------------------------------------------------------
+SPRINTER_ON_LLAMACPP = (
+    "SPRINTER's verifier reads the target's hidden states, which the llamacpp backend does not return; "
+    "run SPRINTER on torch (--backend auto with a model directory or the default target), or pick a lossless "
+    "rule on llamacpp"
+)
+
+
 class SprinterDecoder(TextDecoding):
     """SPRINTER with a learned (or test) verifier; see the module docstring.
 
@@ -202,6 +209,8 @@ class SprinterDecoder(TextDecoding):
     ):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
+        if self.target.backend == "llamacpp":
+            raise ConfigError(SPRINTER_ON_LLAMACPP)
         if int(max_run) != max_run or max_run < 1:
             raise ConfigError(f"max_run must be an integer >= 1, got {max_run!r}")
         self.max_run = int(max_run)
