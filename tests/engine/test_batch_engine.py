@@ -24,6 +24,7 @@ from verispec.core.rows import LogitRows
 from verispec.core.sampling import SamplingParams
 from verispec.draft.tree_policy import CostCurve
 from verispec.engine.batch import BatchDecoder
+from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
@@ -53,7 +54,10 @@ def make_decoder(case: str, model=None, **options) -> SpeculativeDecoder:
     settings = dict(top_k=2, max_new_tokens=NUM_TOKENS, eos_token_id=[], **CASES[case]) | options
     if case == "qfree-token-tree":
         settings["draft"] = TokenTreeDrafter(VOCAB, k=2, max_nodes=6, max_depth=3, cost=FREE_TREES)
-    return SpeculativeDecoder(model if model is not None else tiny_target(), **settings)
+    decoder = SpeculativeDecoder(model if model is not None else tiny_target(), **settings)
+    # the batch budget at its prior (no timing decides a batched tree either)
+    decoder.batch_cost_model = OnlineCostModel(learn=False)
+    return decoder
 
 
 def batch_law(make, middle: int = 1) -> dict:

@@ -137,6 +137,7 @@ class CandidateTree:
     expected_tokens: float
     offered: CandidateTree | None = None  # the whole best-first order before the cut (probes, oracles)
     probe: bool = False  # larger than the policy's choice, to keep the estimates learning
+    plan: object | None = None  # a batch's budget decision this tree was cut by (engine.batch_budget)
 
     def prefix(self, nodes: int) -> CandidateTree:
         """The first ``nodes`` nodes of the best-first order (a tree: parents come first)."""

@@ -213,6 +213,8 @@ class SpeculativeDecoder(TextDecoding):
         self.step_callback = step_callback
         # the round timings every size policy reads; persists across prompts (it describes the machine)
         self.cost_model = OnlineCostModel() if cost_model is None else cost_model
+        # generate_batch's: total tokens scored by one batched forward (all sequences) -> seconds
+        self.batch_cost_model = OnlineCostModel()
         self.adaptive_draft_len = draft_len is None and self._chain_len_adapts(tree)
         if draft_len is None:
             draft_len = max_draft_len if self.adaptive_draft_len else DEFAULT_DRAFT_LEN
@@ -522,9 +524,9 @@ class SpeculativeDecoder(TextDecoding):
         tic = time.perf_counter()
         # the deepest node sits at position length - 1 + depth: keep it inside the target's context
         candidates = self.drafter.propose(max_depth=self.target.max_context - length, cost=self.cost_model)
-        decision = RoundDecision(
-            candidates.num_nodes, candidates.expected_tokens, self.cost_model.round_seconds(candidates.num_nodes), candidates.probe
-        )
+        plan = candidates.plan  # in a batch: the batch budget chose the size, for the batched forward's cost
+        predicted = self.cost_model.round_seconds(candidates.num_nodes) if plan is None else plan.predicted_seconds
+        decision = RoundDecision(candidates.num_nodes, candidates.expected_tokens, predicted, candidates.probe, batch=plan)
         draft_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()

@@ -7,14 +7,14 @@ which tokens were kept, so a KV-cached draft rolls back the rest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
-from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CostTable, ProbeSchedule, adjacency_bucket, copy_bucket, grow_tree
+from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, adjacency_bucket, copy_bucket, grow_tree
 from verispec.errors import ConfigError
 from verispec.models.token_tree import AdjacencyTable, SuffixIndex
 from verispec.models.ngram import NGramDraft
@@ -176,6 +176,9 @@ class TokenTreeDrafter:
         self.index = SuffixIndex()
         self.estimates = AcceptanceEstimates()
         self._rates: dict = {}
+        # set by a batch (engine.batch): offered tree -> (nodes to keep, the decision), instead of
+        # the cut by ``cost``; None: this drafter decides alone
+        self.planner: Callable[[CandidateTree], tuple[int, object]] | None = None
 
     def reset(self, prompt_ids):
         self.index.reset(prompt_ids)
@@ -194,6 +197,9 @@ class TokenTreeDrafter:
         root = self._merge(copies, context[-1])
         depth = self.max_depth if max_depth is None else max(1, min(self.max_depth, max_depth))
         tree = grow_tree(context[-1], root, self._expand, cost, self.max_nodes, depth)
+        if self.planner is not None:  # a batch: its budget cuts the offered order, for all sequences at once
+            nodes, plan = self.planner(tree.offered)
+            tree = replace(tree.offered.prefix(nodes), plan=plan)
         if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1):
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
         return tree

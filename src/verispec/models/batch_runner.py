@@ -203,6 +203,11 @@ class BatchedLlamaRunner:
         """Slots with a forward queued."""
         return len(self._requests)
 
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens the queued forwards will score together."""
+        return sum(len(request.input_ids) for request in self._requests.values())
+
     def _mask(self, slots: list[int], requests: list[_Request], width: int, end: int) -> torch.Tensor:
         """(B, 1, width, end) bool: each request's own pattern over its own slot; padded query rows
         see entry 0 only (never a fully masked row)."""
