@@ -6,7 +6,7 @@
 For every batch size B, the HumanEval prompts are split into groups of B (prompt i goes with the
 next B - 1, cyclically, so every B decodes the same prompts) and each group is decoded greedily by
     plain     ``generate_batch`` with method "ar" (plain batched decoding)
-    default   ``generate_batch`` with the default draft (token trees + q-free)
+    default   ``generate_batch`` with the default draft (token trees + q-free), sized by the batch budget
 and, at B = 1, by ``generate`` itself (today's single-sequence path). Configurations alternate
 per group (their order rotates every repeat), so load drifts hit them alike. Printed per B:
 total tokens/s (all tokens of all groups / their wall time), mean tokens/s per sequence, block
@@ -14,7 +14,8 @@ efficiency, the speedup of default over plain of the same B, and the total throu
 to ``generate`` of one sequence alone: medians over repeats with [min, max]; rates also per second
 of the process's CPU time (``time.process_time``), which other processes' load inflates far less
 than wall time on a shared machine. ``--budget N`` adds the default draft with at most N scored
-tokens per forward split evenly between the sequences (``engine.batch.EvenSplit``).
+tokens per forward split evenly between the sequences (``engine.batch.EvenSplit``);
+``--drafter-choice`` adds "own": every sequence sizes its tree with its own cost model.
 Greedy outputs are checked against plain decoding's (differences = float batch-variance flips).
 Each (configuration, B) has its own decoder, all in the same state at the start (one cost curve,
 copies of one warmed adjacency table and acceptance estimates): the token trees learn from every
@@ -89,13 +90,16 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--drafter-choice", action="store_true",
+                        help="also run the default draft with every sequence sizing its own tree by its own cost model "
+                             "(engine.batch.drafter_choice: the policy before the batch budget)")
     parser.add_argument("--budget", type=int, default=0,
                         help="also run the default draft with at most this many scored tokens per forward, split "
                              "evenly between the sequences (engine.batch.EvenSplit); 0: not run")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from verispec.bench.datasets import humaneval_prompts
-    from verispec.engine.batch import EvenSplit
+    from verispec.engine.batch import EvenSplit, drafter_choice
     from verispec.engine.decoder import SpeculativeDecoder
     from verispec.models.default import encode_prompt, load_default_target
 
@@ -110,6 +114,8 @@ def main(argv=None) -> int:
     first = SpeculativeDecoder(model, **common)
     first.generate(prompts[0])  # measures the token trees' cost curve once, as generate does
     budgets = {"plain": None, "default": None, "generate": None}
+    if args.drafter_choice:
+        budgets["own"] = drafter_choice
     if args.budget:
         budgets[f"split{args.budget}"] = EvenSplit(args.budget)
 

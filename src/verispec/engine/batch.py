@@ -158,7 +158,7 @@ class BatchDecoder:
             return own
         return None if drafter is None else "ngram"
 
-    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop, planned: bool = False):
+    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop, planned: bool = False, cost_model=None):
         """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``."""
         parent = self.decoder
         params, draft_params = parent.params, parent.draft_params
@@ -181,7 +181,7 @@ class BatchDecoder:
             seed=parent.seed if seed is None else seed,
             # planned by the batch budget: its own timings would time the whole batched round (and
             # its trees are cut by the batch's cost model), so it learns none
-            cost_model=OnlineCostModel(learn=False) if planned else None,
+            cost_model=OnlineCostModel(learn=False) if planned else cost_model,
         )
         decoder.spec = parent.spec  # the parent's rule object itself (it may be set directly, e.g. a control)
         if isinstance(parent.drafter, NGramDrafter):
@@ -351,7 +351,8 @@ class BatchDecoder:
         seq = _Sequence(0, prompt, rng=rng)
         start = time.perf_counter()
         try:
-            seq.decoder = self._sequence_decoder(self.decoder.target, *setting)
+            # the parent's cost model too: alone, its timings are the round's own, as in generate
+            seq.decoder = self._sequence_decoder(self.decoder.target, *setting, cost_model=self.decoder.cost_model)
             seq.output = seq.decoder.generate(prompt, rng=rng)
         except ConfigError as error:
             seq.error = str(error)
