@@ -99,7 +99,7 @@ class _Sequence:
     error: str | None = None
     exception: BaseException | None = None
     max_nodes: int | None = None  # the token-tree drafter's own limit, restored after a budgeted round
-    offer: Any = None  # the offered CandidateTree while it waits for the batch budget's decision
+    offer: Any = None  # its candidates' expected tokens, best first, while it waits for the budget's decision
     share: tuple[int, BatchRoundDecision] | None = None  # the budget's answer: (tree nodes, decision)
 
 
@@ -169,7 +169,9 @@ class BatchDecoder:
             tokenizer=parent.tokenizer,
             method=parent.method,
             num_drafts=parent.num_drafts,
-            draft_len=parent.draft_len,
+            # an adaptive chain stays adaptive (its L chosen per round, by the batch budget when planned)
+            draft_len=None if parent.adaptive_draft_len else parent.draft_len,
+            max_draft_len=parent.draft_len,
             tree=parent.tree,
             temperature=params.temperature if temperature is None else temperature,
             top_k=params.top_k,
@@ -197,7 +199,8 @@ class BatchDecoder:
             raise _Aborted
 
     def _offer(self, seq: _Sequence, offered) -> tuple[int, BatchRoundDecision]:
-        """A sequence's planner (in its thread): hand the offered tree to the scheduler, wait for its share."""
+        """A sequence's planner (in its thread): hand its offer (the expected tokens of its candidate
+        nodes, best first) to the scheduler, wait for its share (nodes to score, root included)."""
         seq.offer = offered
         self._pause(seq)
         share, seq.share = seq.share, None
@@ -230,7 +233,9 @@ class BatchDecoder:
             seq.error, seq.done = str(error), True
             return
         if planned and isinstance(seq.decoder.drafter, TokenTreeDrafter):
-            seq.decoder.drafter.planner = lambda offered: self._offer(seq, offered)
+            seq.decoder.drafter.planner = lambda offered: self._offer(seq, offered.scores[1:])
+        elif planned and seq.decoder.adaptive_draft_len:
+            seq.decoder.chain_planner = lambda gains: self._offer(seq, gains)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")
         seq.thread.start()
 
@@ -325,7 +330,7 @@ class BatchDecoder:
         offering = [s for s in running if not s.done and s.offer is not None]
         if not offering:
             return None
-        offers = [seq.offer.scores[1:] for seq in offering]
+        offers = [seq.offer for seq in offering]
         plan = split_scored_tokens(offers, self.decoder.batch_cost_model, self.runner.pending_tokens)
         for seq, nodes in zip(offering, plan.nodes):
             seq.offer, seq.share = None, (nodes, plan)

@@ -215,6 +215,8 @@ class SpeculativeDecoder(TextDecoding):
         self.cost_model = OnlineCostModel() if cost_model is None else cost_model
         # generate_batch's: total tokens scored by one batched forward (all sequences) -> seconds
         self.batch_cost_model = OnlineCostModel()
+        # set by a batch: chain gains -> (scored tokens, decision), instead of choosing L alone
+        self.chain_planner = None
         self.adaptive_draft_len = draft_len is None and self._chain_len_adapts(tree)
         if draft_len is None:
             draft_len = max_draft_len if self.adaptive_draft_len else DEFAULT_DRAFT_LEN
@@ -441,7 +443,14 @@ class SpeculativeDecoder(TextDecoding):
         yield self.last_output
 
     def _choose_chain_len(self, chain_policy: ChainLengthPolicy, fitting: int) -> tuple[int, RoundDecision]:
-        """This round's L (at most ``fitting``, what the contexts allow) and its record."""
+        """This round's L (at most ``fitting``, what the contexts allow) and its record; in a batch
+        (``chain_planner`` set by engine.batch) the batch budget chooses it with the other sequences."""
+        if self.chain_planner is not None:
+            gains = chain_policy.gains(fitting)
+            nodes, plan = self.chain_planner(gains)
+            choice = chain_policy.settle(nodes - 1, gains)
+            return choice.draft_len, RoundDecision(choice.draft_len + 1, choice.expected_tokens, plan.predicted_seconds,
+                                                   choice.probe, choice.draft_len, batch=plan)
         choice = chain_policy.choose(self.cost_model, fitting)
         predicted = self.cost_model.round_seconds(choice.draft_len + 1)
         return choice.draft_len, RoundDecision(choice.draft_len + 1, choice.expected_tokens, predicted, choice.probe, choice.draft_len)
