@@ -109,7 +109,7 @@ def test_bench_batch_sizes_report_speedup_against_plain_batches(tmp_path, capsys
     out = capsys.readouterr().out
     assert "Speedup by batch size" in out and "speedup vs plain same B" in out
     rows = json.loads((tmp_path / "batch_summary.json").read_text())["rows"]
-    assert {(r["batch_size"], r["config"]) for r in rows} == {(b, c) for b in (1, 2) for c in ("ar", "qfree-K1-L4")}
+    assert {(r["batch_size"], r["config"]) for r in rows} == {(b, c) for b in (1, 2) for c in ("ar", "qfree (token trees)")}
     for row in rows:
         assert row["tokens"] == 2 * 4 and row["sequences"] == 2
         assert row["tokens_per_second"] > 0 and row["block_efficiency"] >= 1.0

@@ -93,8 +93,10 @@ class BatchSweep:
         sweep = self.sweep
         decoders = {BASELINE: sweep._decoder(BASELINE, temperature=temperature)}
         for spec in self.specs:
-            decoders[f"{spec.method}-K{spec.num_drafts}-L{spec.draft_len}"] = sweep._decoder(
-                spec.method, spec.num_drafts, spec.draft_len, temperature)
+            decoder = sweep._decoder(spec.method, spec.num_drafts, spec.draft_len, temperature)
+            # token trees size themselves: K and L mean nothing there
+            tree = getattr(decoder.drafter, "deterministic", False)
+            decoders[f"{spec.method} (token trees)" if tree else f"{spec.method}-K{spec.num_drafts}-L{spec.draft_len}"] = decoder
         return decoders
 
     def run(self, progress=None) -> list[BatchRow]:
