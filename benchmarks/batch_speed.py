@@ -16,6 +16,10 @@ of the process's CPU time (``time.process_time``), which other processes' load i
 than wall time on a shared machine. ``--budget N`` adds the default draft with at most N scored
 tokens per forward split evenly between the sequences (``engine.batch.EvenSplit``);
 ``--drafter-choice`` adds "own": every sequence sizes its tree with its own cost model.
+``--join`` adds "plain-join" and "default-join" (B > 1): all prompts in ONE ``generate_batch`` call
+with ``max_batch`` B, so a finished sequence's place is taken by the next prompt (B sequences keep
+running until the last prompts drain); their "vs plain" column compares with plain-join. Groups
+that run to completion instead lose the rounds in which their last sequences finish alone.
 Greedy outputs are checked against plain decoding's (differences = float batch-variance flips).
 Each (configuration, B) has its own decoder, all in the same state at the start (one cost curve,
 copies of one warmed adjacency table and acceptance estimates): the token trees learn from every
@@ -93,6 +97,10 @@ def main(argv=None) -> int:
     parser.add_argument("--drafter-choice", action="store_true",
                         help="also run the default draft with every sequence sizing its own tree by its own cost model "
                              "(engine.batch.drafter_choice: the policy before the batch budget)")
+    parser.add_argument("--join", action="store_true",
+                        help="also decode ALL prompts in one generate_batch with max_batch B (plain-join, default-join): "
+                             "a finished sequence's place is taken by the next prompt, so B sequences stay running "
+                             "until the last prompts drain, as in a server with continuous batching")
     parser.add_argument("--budget", type=int, default=0,
                         help="also run the default draft with at most this many scored tokens per forward, split "
                              "evenly between the sequences (engine.batch.EvenSplit); 0: not run")
@@ -118,6 +126,8 @@ def main(argv=None) -> int:
         budgets["own"] = drafter_choice
     if args.budget:
         budgets[f"split{args.budget}"] = EvenSplit(args.budget)
+    if args.join:
+        budgets["plain-join"] = budgets["default-join"] = None
 
     def fresh_default() -> SpeculativeDecoder:
         """A default decoder in the state ``first`` had after its first prompt: the token trees learn
@@ -130,15 +140,17 @@ def main(argv=None) -> int:
         decoder.drafter.estimates = copy.deepcopy(first.drafter.estimates)
         return decoder
 
-    decoders = {(size, name): plain if name == "plain" else fresh_default() for size in sizes for name in budgets
-                if name != "generate" or size == 1}
+    decoders = {(size, name): plain if name.startswith("plain") else fresh_default() for size in sizes for name in budgets
+                if (name != "generate" or size == 1) and (not name.endswith("-join") or size > 1)}
     runs: dict[tuple[int, str], list[Run]] = {}  # (B, config) -> one Run per repeat
     mismatches: dict[str, list[int]] = {}  # config -> [differing, decoded]
     for repeat in range(args.repeats):
         for size in sizes:
-            names = [name for name in budgets if (size, name) in decoders]
+            names = [name for name in budgets if (size, name) in decoders and not name.endswith("-join")]
             names = names[repeat % len(names):] + names[: repeat % len(names)]
-            totals = {name: Run() for name in names}
+            joining = [name for name in budgets if (size, name) in decoders and name.endswith("-join")]
+            joining = joining[repeat % 2:] + joining[: repeat % 2] if joining else []
+            totals = {name: Run() for name in names + joining}
             for group in groups(len(prompts), size):
                 batch = [prompts[i] for i in group]
                 for name in names:
@@ -152,6 +164,13 @@ def main(argv=None) -> int:
                     counts = mismatches.setdefault(name, [0, 0])
                     counts[0] += sum(o.token_ids != reference[i] for o, i in zip(outputs, group))
                     counts[1] += len(outputs)
+            for name in joining:  # every prompt in one call, B at a time: the places of finished ones refill
+                wall, cpu = time.perf_counter(), time.process_time()
+                outputs = decoders[(size, name)].generate_batch(prompts, max_batch=size)
+                totals[name].add(outputs, time.perf_counter() - wall, time.process_time() - cpu)
+                counts = mismatches.setdefault(name, [0, 0])
+                counts[0] += sum(o.token_ids != reference[i] for i, o in enumerate(outputs))
+                counts[1] += len(outputs)
             for name, total in totals.items():
                 runs.setdefault((size, name), []).append(total)
 
@@ -172,7 +191,7 @@ def main(argv=None) -> int:
                 [r.tokens / r.wall for r in series],
                 [statistics.mean(r.sequence_rates) for r in series],
                 [r.tokens / r.cpu for r in series],
-                [r.cpu_rate / p.cpu_rate for r, p in zip(series, runs[(size, "plain")])],
+                [r.cpu_rate / p.cpu_rate for r, p in zip(series, runs[(size, "plain-join" if name.endswith("-join") else "plain")])],
                 [r.cpu_rate / s.cpu_rate for r, s in zip(series, solo)],
                 [r.wall_rate / s.wall_rate for r, s in zip(series, solo)],
             ]
