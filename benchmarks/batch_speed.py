@@ -6,7 +6,7 @@
 For every batch size B, the HumanEval prompts are split into groups of B (prompt i goes with the
 next B - 1, cyclically, so every B decodes the same prompts) and each group is decoded greedily by
     plain     ``generate_batch`` with method "ar" (plain batched decoding)
-    default   ``generate_batch`` with the default draft (token trees + q-free)
+    default   ``generate_batch`` with the default draft (token trees + q-free), sized by the batch budget
 and, at B = 1, by ``generate`` itself (today's single-sequence path). Configurations alternate
 per group (their order rotates every repeat), so load drifts hit them alike. Printed per B:
 total tokens/s (all tokens of all groups / their wall time), mean tokens/s per sequence, block
@@ -14,7 +14,12 @@ efficiency, the speedup of default over plain of the same B, and the total throu
 to ``generate`` of one sequence alone: medians over repeats with [min, max]; rates also per second
 of the process's CPU time (``time.process_time``), which other processes' load inflates far less
 than wall time on a shared machine. ``--budget N`` adds the default draft with at most N scored
-tokens per forward split evenly between the sequences (``engine.batch.EvenSplit``).
+tokens per forward split evenly between the sequences (``engine.batch.EvenSplit``);
+``--drafter-choice`` adds "own": every sequence sizes its tree with its own cost model.
+``--join`` adds "plain-join" and "default-join" (B > 1): all prompts in ONE ``generate_batch`` call
+with ``max_batch`` B, so a finished sequence's place is taken by the next prompt (B sequences keep
+running until the last prompts drain); their "vs plain" column compares with plain-join. Groups
+that run to completion instead lose the rounds in which their last sequences finish alone.
 Greedy outputs are checked against plain decoding's (differences = float batch-variance flips).
 Each (configuration, B) has its own decoder, all in the same state at the start (one cost curve,
 copies of one warmed adjacency table and acceptance estimates): the token trees learn from every
@@ -89,13 +94,20 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--drafter-choice", action="store_true",
+                        help="also run the default draft with every sequence sizing its own tree by its own cost model "
+                             "(engine.batch.drafter_choice: the policy before the batch budget)")
+    parser.add_argument("--join", action="store_true",
+                        help="also decode ALL prompts in one generate_batch with max_batch B (plain-join, default-join): "
+                             "a finished sequence's place is taken by the next prompt, so B sequences stay running "
+                             "until the last prompts drain, as in a server with continuous batching")
     parser.add_argument("--budget", type=int, default=0,
                         help="also run the default draft with at most this many scored tokens per forward, split "
                              "evenly between the sequences (engine.batch.EvenSplit); 0: not run")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from verispec.bench.datasets import humaneval_prompts
-    from verispec.engine.batch import EvenSplit
+    from verispec.engine.batch import EvenSplit, drafter_choice
     from verispec.engine.decoder import SpeculativeDecoder
     from verispec.models.default import encode_prompt, load_default_target
 
@@ -110,8 +122,12 @@ def main(argv=None) -> int:
     first = SpeculativeDecoder(model, **common)
     first.generate(prompts[0])  # measures the token trees' cost curve once, as generate does
     budgets = {"plain": None, "default": None, "generate": None}
+    if args.drafter_choice:
+        budgets["own"] = drafter_choice
     if args.budget:
         budgets[f"split{args.budget}"] = EvenSplit(args.budget)
+    if args.join:
+        budgets["plain-join"] = budgets["default-join"] = None
 
     def fresh_default() -> SpeculativeDecoder:
         """A default decoder in the state ``first`` had after its first prompt: the token trees learn
@@ -124,15 +140,17 @@ def main(argv=None) -> int:
         decoder.drafter.estimates = copy.deepcopy(first.drafter.estimates)
         return decoder
 
-    decoders = {(size, name): plain if name == "plain" else fresh_default() for size in sizes for name in budgets
-                if name != "generate" or size == 1}
+    decoders = {(size, name): plain if name.startswith("plain") else fresh_default() for size in sizes for name in budgets
+                if (name != "generate" or size == 1) and (not name.endswith("-join") or size > 1)}
     runs: dict[tuple[int, str], list[Run]] = {}  # (B, config) -> one Run per repeat
     mismatches: dict[str, list[int]] = {}  # config -> [differing, decoded]
     for repeat in range(args.repeats):
         for size in sizes:
-            names = [name for name in budgets if (size, name) in decoders]
+            names = [name for name in budgets if (size, name) in decoders and not name.endswith("-join")]
             names = names[repeat % len(names):] + names[: repeat % len(names)]
-            totals = {name: Run() for name in names}
+            joining = [name for name in budgets if (size, name) in decoders and name.endswith("-join")]
+            joining = joining[repeat % 2:] + joining[: repeat % 2] if joining else []
+            totals = {name: Run() for name in names + joining}
             for group in groups(len(prompts), size):
                 batch = [prompts[i] for i in group]
                 for name in names:
@@ -146,6 +164,13 @@ def main(argv=None) -> int:
                     counts = mismatches.setdefault(name, [0, 0])
                     counts[0] += sum(o.token_ids != reference[i] for o, i in zip(outputs, group))
                     counts[1] += len(outputs)
+            for name in joining:  # every prompt in one call, B at a time: the places of finished ones refill
+                wall, cpu = time.perf_counter(), time.process_time()
+                outputs = decoders[(size, name)].generate_batch(prompts, max_batch=size)
+                totals[name].add(outputs, time.perf_counter() - wall, time.process_time() - cpu)
+                counts = mismatches.setdefault(name, [0, 0])
+                counts[0] += sum(o.token_ids != reference[i] for i, o in enumerate(outputs))
+                counts[1] += len(outputs)
             for name, total in totals.items():
                 runs.setdefault((size, name), []).append(total)
 
@@ -166,7 +191,7 @@ def main(argv=None) -> int:
                 [r.tokens / r.wall for r in series],
                 [statistics.mean(r.sequence_rates) for r in series],
                 [r.tokens / r.cpu for r in series],
-                [r.cpu_rate / p.cpu_rate for r, p in zip(series, runs[(size, "plain")])],
+                [r.cpu_rate / p.cpu_rate for r, p in zip(series, runs[(size, "plain-join" if name.endswith("-join") else "plain")])],
                 [r.cpu_rate / s.cpu_rate for r, s in zip(series, solo)],
                 [r.wall_rate / s.wall_rate for r, s in zip(series, solo)],
             ]

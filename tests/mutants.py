@@ -513,6 +513,30 @@ MUTANTS += [
         (GUMBEL_TESTS,),
     ),
     Mutant(
+        "batch_budget_costs_one_sequence",
+        "the batch budget prices each tree as if its sequence were alone (cost of 1 + nodes, not of the whole forward)",
+        (("engine/batch_budget.py", "    base = fixed_tokens + batch  # the roots", "    base = 1  # the roots"),),
+        ("tests/engine/test_batch_budget.py",),
+    ),
+    Mutant(
+        "batch_budget_ignores_queued_tokens",
+        "the batch budget leaves out the tokens other sequences already queued for the same forward",
+        (("engine/batch_budget.py", "    base = fixed_tokens + batch  # the roots", "    base = batch  # the roots"),),
+        ("tests/engine/test_batch_budget.py",),
+    ),
+    Mutant(
+        "batch_share_ignored",
+        "a sequence of a batch keeps its own cut of the tree instead of the share the batch budget gave it",
+        (("engine/drafters.py", "            tree = replace(tree.offered.prefix(nodes), plan=plan)", "            tree = replace(tree, plan=plan)"),),
+        ("tests/engine/test_batch_engine.py::test_the_batch_budget_sizes_trees_and_chains_and_its_decision_is_in_the_stats",),
+    ),
+    Mutant(
+        "batch_budget_worst_first",
+        "the batch budget merges the offers worst first (kept nodes are no longer the most promising)",
+        (("engine/batch_budget.py", "    entries = sorted((-float(score), owner, position)", "    entries = sorted((float(score), owner, position)"),),
+        ("tests/engine/test_batch_budget.py",),
+    ),
+    Mutant(
         "top_p_after_the_draw",
         "the Gumbel-max is taken over the row before top-p; a token outside the nucleus is replaced by the argmax",
         ((NOISE, "    ids, probs = rows.support(node)\n    return gumbel_max(ids, probs, noise, position)",

@@ -46,7 +46,7 @@ BAD_FLAGS = [
     (["bench", "--threads", "-1"], "argument --threads: must be a whole number >= 1"),
     (["bench", "--replay-seed", "-1"], "argument --replay-seed: the seed must be an integer"),
     (["theory", "speedup", "--alpha", "1.5"], "argument --alpha: must lie in [0, 1]"),
-    (["generate"], "the following arguments are required: prompt"),
+    (["generate"], "give a prompt, e.g. verispec generate"),
     (["nonsense"], "invalid choice: 'nonsense'"),
 ]
 if not torch.backends.cuda.is_built():

@@ -8,8 +8,9 @@ float64 the batched rows equal the solo rows: tests/models/test_batch_runner.py;
 and (b) the target's own law by every prefix (within ``tolerance``: the rows are float32
 logits, as in test_engine_exact_law). One case per rule family: plain (ar), one sampled chain
 (sd), several i.i.d. paths (spectr), target modification windows carried between rounds
-(gbv-mod), the default token trees + q-free (its trees read an adjacency table shared with the
-other sequences). The sampled drafts are the n-gram draft (the batched drafts).
+(gbv-mod), a chain whose L the batch budget chooses each round (sd, adaptive L), the default
+token trees + q-free (its trees read an adjacency table shared with the other sequences, sized by
+the batch budget at its prior). The sampled drafts are the n-gram draft (the batched drafts).
 
 Greedy on the real default target (slow): the batch gives each prompt's solo tokens, fp32.
 """
@@ -24,6 +25,7 @@ from verispec.core.rows import LogitRows
 from verispec.core.sampling import SamplingParams
 from verispec.draft.tree_policy import CostCurve
 from verispec.engine.batch import BatchDecoder
+from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
@@ -37,6 +39,7 @@ CASES = {
     "sd": dict(draft="ngram", method="sd", draft_len=2),
     "spectr": dict(draft="ngram", method="spectr", num_drafts=2, draft_len=1),
     "gbv-mod": dict(draft="ngram", method="gbv-mod", draft_len=2),
+    "sd-adaptive-L": dict(draft="ngram", method="sd", max_draft_len=2),  # L per round by the batch budget
     "qfree-token-tree": dict(),  # made with a fixed cost curve: see make_decoder
 }
 # every candidate pays (trees of several nodes) and no timing decides a tree: a leaf's run is a
@@ -53,7 +56,10 @@ def make_decoder(case: str, model=None, **options) -> SpeculativeDecoder:
     settings = dict(top_k=2, max_new_tokens=NUM_TOKENS, eos_token_id=[], **CASES[case]) | options
     if case == "qfree-token-tree":
         settings["draft"] = TokenTreeDrafter(VOCAB, k=2, max_nodes=6, max_depth=3, cost=FREE_TREES)
-    return SpeculativeDecoder(model if model is not None else tiny_target(), **settings)
+    decoder = SpeculativeDecoder(model if model is not None else tiny_target(), **settings)
+    # the batch budget at its prior (no timing decides a batched tree either)
+    decoder.batch_cost_model = OnlineCostModel(learn=False)
+    return decoder
 
 
 def batch_law(make, middle: int = 1) -> dict:
@@ -91,6 +97,36 @@ def test_batch_law_equals_solo_law_and_target_law(case):
     memo = ForwardMemo(model)
     reference = exact_target_law(memo, PROMPTS[1], NUM_TOKENS, params)
     assert max_abs_difference(law, reference) < tolerance(memo, PROMPTS[1], params)
+
+
+def test_the_batch_budget_sizes_trees_and_chains_and_its_decision_is_in_the_stats():
+    """Every speculative round of a batch carries the budget's decision for the whole forward;
+    each sequence drafts the share it was given (or a probe), and the sizes vary."""
+    for case in ("qfree-token-tree", "sd-adaptive-L"):
+        decoder = make_decoder(case, temperature=0, max_new_tokens=10)
+        outputs = decoder.generate_batch(PROMPTS)
+        decisions = [(index, step) for index, output in enumerate(outputs) for step in output.steps]
+        assert decisions and all(step.policy is not None and step.policy.batch is not None for _, step in decisions)
+        for index, step in decisions:
+            plan = step.policy.batch
+            assert plan.batch_size == len(plan.nodes) and plan.scored_tokens == plan.fixed_tokens + sum(plan.nodes)
+            assert plan.measured_target_seconds is not None and plan.predicted_seconds > 0
+            if not step.policy.probe and plan.batch_size == 3:  # all three planned together: its own share
+                assert step.tree_nodes == plan.nodes[index]
+        assert len({step.tree_nodes for _, step in decisions}) > 1
+        record = outputs[0].to_dict()["steps"][0]["policy"]["batch"]
+        assert set(record) >= {"batch_size", "nodes", "scored_tokens", "expected_tokens", "predicted_seconds"}
+
+
+def test_a_batch_of_one_is_the_single_sequence_path():
+    """One prompt: the decoder's own adapter and cost model, the same tokens and sizes as generate."""
+    model = tiny_target()
+    alone = make_decoder("qfree-token-tree", model, temperature=0, max_new_tokens=10).generate(PROMPTS[1])
+    decoder = make_decoder("qfree-token-tree", model, temperature=0, max_new_tokens=10)
+    batched = decoder.generate_batch([PROMPTS[1]])[0]
+    assert batched.token_ids == alone.token_ids
+    assert [s.tree_nodes for s in batched.steps] == [s.tree_nodes for s in alone.steps]
+    assert all(s.policy.batch is None for s in batched.steps)
 
 
 @pytest.mark.slow

@@ -57,6 +57,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="re-verify the trees recorded in DIR with --methods (no models are run)")
     parser.add_argument("--replay-seed", type=flags.seed, default=0, help="base seed of the common random numbers")
     parser.add_argument("--replay-repeats", type=flags.int_at_least(1), default=1, help="verifications per recorded tree (default 1)")
+    parser.add_argument("--batch-size", default=None, metavar="B,...",
+                        help="decode the prompts in batches of each size (e.g. 1,2,4,8) with generate_batch and report total "
+                             "and per-sequence tokens/s, block efficiency and the speedup over plain batched decoding of "
+                             "the same size (writes OUT/batch_summary.md and .json)")
 
 
 def add_theory_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +79,14 @@ def run_bench(args) -> int:
     from verispec.bench.report import markdown_table, paper_tables, write_reports
     from verispec.bench.runner import Sweep
 
+    batch_sizes = None
+    if args.batch_size is not None:
+        from verispec.bench.batch_sweep import parse_batch_sizes
+
+        batch_sizes = parse_batch_sizes(args.batch_size)
+        clashing = [flag for flag, given in (("--record", args.record), ("--anchor", args.anchor)) if given]
+        if clashing:
+            raise ConfigError(f"--batch-size measures batched decoding only; drop {' and '.join(clashing)} (or run them without --batch-size)")
     overrides = {key: getattr(args, key) for key in CONFIG_FLAGS}
     config = make_config(args.config, overrides)
     if config.threads:
@@ -83,6 +95,8 @@ def run_bench(args) -> int:
         torch.set_num_threads(config.threads)
     target_model, tokenizer, draft = load_models(config)
     sweep = Sweep(config, target_model, tokenizer, draft)
+    if batch_sizes is not None and sweep.specs:
+        return run_batch_bench(sweep, batch_sizes)
     if not sweep.specs:
         # nothing would be measured but the plain-decoding baseline: say why instead of exiting 0
         for skipped in dict.fromkeys(f"{s.method} K={s.num_drafts} L={s.draft_len}: {s.reason}" for s in sweep.skipped):
@@ -99,6 +113,27 @@ def run_bench(args) -> int:
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     if result.recordings:
         print(f"recorded draft trees: {len(result.recordings)} files under {Path(config.out) / 'trees'}", file=sys.stderr)
+    return 0
+
+
+def run_batch_bench(sweep, batch_sizes: list[int]) -> int:
+    """``--batch-size``: every method and plain decoding in batches of each size (bench.batch_sweep)."""
+    from tqdm import tqdm
+
+    from verispec.bench.batch_sweep import BatchSweep, batch_meta, batch_table, write_batch_reports
+    from verispec.bench.report import markdown_table
+
+    config = sweep.config
+    for skipped in dict.fromkeys(f"{s.method} K={s.num_drafts} L={s.draft_len}: {s.reason}" for s in sweep.skipped):
+        print(f"skipped {skipped}", file=sys.stderr)
+    # groups wrap around to full batches: ceil(prompts / B) groups of B per dataset and size
+    per_pass = sum(-(-len(d.prompts) // size) * size for d in sweep.datasets for size in batch_sizes)
+    total = per_pass * len(config.temperatures) * len(config.seeds) * (1 + len(sweep.specs))
+    with tqdm(total=total, desc="verispec bench --batch-size", unit="seq", disable=not config.progress, dynamic_ncols=True) as bar:
+        rows = BatchSweep(sweep, batch_sizes).run(progress=bar.update)
+    paths = write_batch_reports(config.out, rows, batch_meta(config, batch_sizes))
+    print(markdown_table(batch_table(rows)))
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0
 
 

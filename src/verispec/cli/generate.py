@@ -134,9 +134,99 @@ def set_threads(threads: int | None, workers: int = 1) -> int:
     return chosen
 
 
+def check_prompt_source(args) -> None:
+    """Exactly one of a prompt and --prompts-file, and no flag that a batch cannot honour."""
+    if args.prompt is None and args.prompts_file is None:
+        raise ConfigError("give a prompt, e.g. verispec generate \"Write a haiku.\", or --prompts-file FILE to decode many")
+    if args.prompt is not None and args.prompts_file is not None:
+        raise ConfigError("give either a prompt or --prompts-file, not both")
+    if args.prompts_file is not None:
+        if args.stream:
+            raise ConfigError("--stream prints one sequence as it decodes; drop it with --prompts-file (outputs print at the end)")
+        if args.method == "sprinter":
+            raise ConfigError("method sprinter decodes one prompt at a time; drop --prompts-file or use another method")
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """The prompts of ``--prompts-file``: a .jsonl file holds one JSON object per line with
+    "prompt" (a string) or "turns" (a list of strings, the first is used: Spec-Bench's format);
+    any other file one prompt per line. Blank lines are errors (an empty prompt cannot be
+    decoded), naming the line."""
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8-sig")
+    except IsADirectoryError:
+        raise ConfigError(f"--prompts-file {path!r} is a directory; give a file with one prompt per line") from None
+    except FileNotFoundError:
+        raise ConfigError(f"--prompts-file {path!r} does not exist; give a file with one prompt per line (or a .jsonl file)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--prompts-file {path!r} is not UTF-8 text") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read --prompts-file {path!r}: {error.strerror}") from None
+    jsonl = file.suffix.lower() == ".jsonl"
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            raise ConfigError(f"line {number} of {path!r} is blank: every line must hold a prompt (remove the line)")
+        prompts.append(_jsonl_prompt(line, number, path) if jsonl else line)
+    if not prompts:
+        raise ConfigError(f"--prompts-file {path!r} holds no prompt; write one prompt per line")
+    return prompts
+
+
+def _jsonl_prompt(line: str, number: int, path: str) -> str:
+    where = f"line {number} of {path!r}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{where} is not valid JSON ({error.msg}); write one object per line, e.g. {{\"prompt\": \"...\"}}") from None
+    if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+        return record["prompt"]
+    turns = record.get("turns") if isinstance(record, dict) else None
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        return turns[0]
+    raise ConfigError(f"{where} has neither a \"prompt\" string nor a non-empty \"turns\" list of strings")
+
+
+def run_generate_batch(args) -> int:
+    """--prompts-file: every prompt decoded together (generate_batch), outputs in file order."""
+    from verispec.models.default import encode_prompt
+
+    texts = read_prompts_file(args.prompts_file)
+    prepare_output_file(args.stats_json)
+    set_threads(args.threads)
+    target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, args.method != "ar", args.backend)
+    decoder = _decoder(args, target_model, tokenizer, draft_model)
+    prompts = [encode_prompt(tokenizer, text, chat=not args.no_chat) for text in texts]
+    outputs = decoder.generate_batch(prompts, max_batch=args.max_batch)
+    failed = 0
+    for number, output in enumerate(outputs, start=1):
+        print(f"=== prompt {number} ===")
+        if output.error is not None:
+            failed += 1
+            print(f"error: prompt {number}: {output.error}", file=sys.stderr)
+            continue
+        print(output.text)
+        print(f"[prompt {number}: {output.method} draft={_draft_name(decoder)}] {output.new_tokens} tokens, "
+              f"{output.target_calls} target calls, block efficiency {output.block_efficiency:.2f}, "
+              f"stop {output.stop_reason}" + _policy_note(output), file=sys.stderr)
+    seconds = max((o.seconds for o in outputs), default=0.0)
+    tokens = sum(o.new_tokens for o in outputs)
+    print(f"[batch: {len(outputs)} prompts, at most {args.max_batch} at once] {tokens} tokens in {seconds:.2f} s, "
+          f"{tokens / seconds if seconds > 0 else 0.0:.1f} tokens/s in total", file=sys.stderr)
+    if args.stats_json:
+        with open(args.stats_json, "w") as handle:
+            json.dump({"prompts": len(outputs), "max_batch": args.max_batch, "seconds": seconds,
+                       "outputs": [o.to_dict() for o in outputs]}, handle, indent=1)
+    return 1 if failed else 0
+
+
 def run_generate(args) -> int:
     from verispec.models.default import encode_prompt
 
+    check_prompt_source(args)
+    if args.prompts_file is not None:
+        return run_generate_batch(args)
     prepare_output_file(args.stats_json)
     set_threads(args.threads)
     target_model, tokenizer, draft_model = load_pair(args.target, args.draft, args.dtype, args.device, args.method != "ar", args.backend)

@@ -59,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode a prompt with a target/draft pair and a verification rule")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", nargs="?", default=None, help="the prompt (or give --prompts-file)")
+    gen.add_argument("--prompts-file", default=None, metavar="FILE",
+                     help="decode many prompts together as a batch: a text file with one prompt per line, or a .jsonl "
+                          "file with one object per line holding \"prompt\" (a string) or \"turns\" (a list; the first "
+                          "turn is used)")
+    gen.add_argument("--max-batch", type=flags.int_at_least(1), default=8,
+                     help="with --prompts-file: most sequences decoded at once (default 8); the rest join as others finish")
     _add_model_flags(gen)
     gen.add_argument("--method", default=None,
                      help="registry name (verispec methods) or 'ar' for plain sampling (default: qfree with the "
@@ -139,7 +145,10 @@ def main(argv=None) -> int:
             # llama.cpp or torch from the CPU kind and the flags (docs/llamacpp.md), before any model loads
             args.backend = choose_backend(args.target, args.draft, args.method, args.dtype, args.device).backend
         if args.command == "generate" and args.method == "sprinter":
+            from verispec.cli.generate import check_prompt_source
             from verispec.cli.sprinter import run_generate_sprinter
+
+            check_prompt_source(args)
 
             return run_generate_sprinter(args)
         if args.command == "sprinter":

@@ -75,16 +75,31 @@ class ChainLengthPolicy:
         if self.max_len < 1:
             raise ConfigError(f"the longest adaptive draft must be >= 1 token, got {self.max_len}")
 
+    def gains(self, limit: int | None = None) -> np.ndarray:
+        """Expected extra tokens of each drafted position 1..min(max_len, limit): the estimated
+        probability that the chain is accepted up to it (prod a_i), non-increasing; a batch budget
+        (``engine.batch_budget``) reads them as the chain's offer."""
+        longest = self.max_len if limit is None else max(0, min(self.max_len, int(limit)))
+        return np.cumprod(self.acceptance.rates(longest)) if longest else np.zeros(0)
+
     def choose(self, cost: CostTable, limit: int | None = None) -> ChainChoice:
         """The best L in [0, min(max_len, limit)] by expected tokens per unit of ``cost``, or a
         probe of ``probes.size`` tokens after a run of plain rounds."""
-        longest = self.max_len if limit is None else max(0, min(self.max_len, int(limit)))
-        if longest == 0:
+        gains = self.gains(limit)
+        if gains.size == 0:
             return ChainChoice(0, 1.0)
-        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance.rates(longest)))])
-        best = int(np.argmax(expected / cost.table(longest + 1)))
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
+        return self.settle(int(np.argmax(expected / cost.table(gains.size + 1))), gains)
+
+    def settle(self, draft_len: int, gains: np.ndarray) -> ChainChoice:
+        """The choice for a length decided from ``gains`` (here or by a batch budget), turned into
+        a probe after a run of plain rounds."""
+        if gains.size == 0:
+            return ChainChoice(0, 1.0)
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
+        best = max(0, min(int(draft_len), gains.size))
         if self.probes.due(best > 0):
-            best = min(self.probes.size, longest)
+            best = min(self.probes.size, gains.size)
             return ChainChoice(best, float(expected[best]), probe=True)
         return ChainChoice(best, float(expected[best]))
 

@@ -33,9 +33,14 @@ adjacency table and acceptance estimates) and the n-gram draft batch; draft mode
 each step's ``target_seconds`` the wall time its forward took including the turns of the other
 sequences of that round.
 
-Per-round budget: ``budget`` (a ``BudgetPolicy``) is asked before every round for the most tree
-nodes each sequence may draft (None: the drafter's own choice); the place where a cost model will
-split one forward's tokens between sequences.
+Per-round budget (``engine.batch_budget``): by default the batch's own cost model for the batched
+forward (``SpeculativeDecoder.batch_cost_model``: total scored tokens -> seconds) decides how many
+tree nodes each sequence drafts: every sequence offers its best-first candidates, and the batch
+keeps the global prefix with the most expected tokens per predicted second
+(``split_scored_tokens``); the decision goes into each step's ``policy.batch``. This takes one more
+turn per sequence and round: a sequence pauses once with its offer, once at its forward.
+``budget`` (a ``BudgetPolicy``, e.g. ``EvenSplit``) instead caps each sequence's tree and lets
+its drafter size it alone.
 """
 
 from __future__ import annotations
@@ -44,12 +49,21 @@ import copy
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from verispec.core.rng import Rng
+from verispec.engine.batch_budget import (  # noqa: F401  (re-exported: the batch's budget API)
+    BatchRoundDecision,
+    BudgetPolicy,
+    EvenSplit,
+    SequenceView,
+    drafter_choice,
+    split_scored_tokens,
+)
 from verispec.engine.checks import check_max_new_tokens, check_stop_strings
+from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.results import GenerationOutput
 from verispec.engine.drafters import NGramDrafter, TokenTreeDrafter
 from verispec.errors import ConfigError
@@ -69,40 +83,6 @@ class BatchGenerationOutput(GenerationOutput):
         return {**super().to_dict(), "error": self.error}
 
 
-@dataclass(frozen=True)
-class SequenceView:
-    """What a budget policy sees of one running sequence before a round."""
-
-    index: int  # position of its prompt in the batch's prompt list
-    context_len: int  # prompt + generated tokens so far
-    new_tokens: int
-
-
-BudgetPolicy = Callable[[Sequence[SequenceView]], Sequence["int | None"]]
-
-
-def drafter_choice(sequences: Sequence[SequenceView]) -> list[None]:
-    """The default budget: every sequence's drafter sizes its tree itself."""
-    return [None] * len(sequences)
-
-
-@dataclass(frozen=True)
-class EvenSplit:
-    """A fixed number of scored tokens per forward, split evenly: with B sequences each tree has
-    at most ``total // B`` nodes, root included (so ``total // B - 1`` drafted nodes; none once B
-    reaches ``total``, i.e. plain batched decoding). A stand-in until a cost model splits them by
-    expected gain."""
-
-    total: int
-
-    def __post_init__(self):
-        if isinstance(self.total, bool) or int(self.total) != self.total or self.total < 1:
-            raise ConfigError(f"an even split needs a total of >= 1 scored tokens per forward, got {self.total!r}")
-
-    def __call__(self, sequences: Sequence[SequenceView]) -> list[int]:
-        return [max(0, self.total // len(sequences) - 1)] * len(sequences)
-
-
 @dataclass
 class _Sequence:
     """One sequence of the batch: its decoder, its thread and the turn handed to it."""
@@ -119,6 +99,8 @@ class _Sequence:
     error: str | None = None
     exception: BaseException | None = None
     max_nodes: int | None = None  # the token-tree drafter's own limit, restored after a budgeted round
+    offer: Any = None  # its candidates' expected tokens, best first, while it waits for the budget's decision
+    share: tuple[int, BatchRoundDecision] | None = None  # the budget's answer: (tree nodes, decision)
 
 
 class _Aborted(Exception):
@@ -133,6 +115,18 @@ def _per_sequence(values, count: int, name: str) -> list:
     if len(values) != count:
         raise ConfigError(f"{name} has {len(values)} entries for {count} prompts; give one per prompt or a single value")
     return values
+
+
+def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
+    """A token-tree drafter with its own context index, plain-round streak and round state that
+    shares ``drafter``'s adjacency table and acceptance estimates: they describe the target and
+    learn from every sequence of a batch, one sequence at a time, as ``generate`` learns from every
+    prompt."""
+    own = copy.copy(drafter)
+    own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
+    own.probes = dataclasses.replace(drafter.probes, plain_streak=0)
+    own._rates = {}
+    return own
 
 
 class BatchDecoder:
@@ -166,20 +160,15 @@ class BatchDecoder:
 
     # ----- per-sequence decoders ------------------------------------------------------------
     def _drafter(self):
-        """The sequence's own drafter: a token-tree drafter with its own context index, sharing the
-        decoder's adjacency table and acceptance estimates (they describe the target,
-        and learn from every sequence as ``generate`` learns from every prompt; updated in the
+        """The sequence's own drafter: a token-tree drafter with its own context index
+        (``token_tree_copy``: adjacency table and acceptance estimates shared, updated in the
         batch's fixed turn order, so runs stay deterministic); the n-gram draft; or none (plain)."""
         drafter = self.decoder.drafter
         if isinstance(drafter, TokenTreeDrafter):
-            own = copy.copy(drafter)
-            own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
-            own.probes = dataclasses.replace(drafter.probes, plain_streak=0)  # its own streak of plain rounds
-            own._rates = {}
-            return own
+            return token_tree_copy(drafter)
         return None if drafter is None else "ngram"
 
-    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop):
+    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop, planned: bool = False, cost_model=None):
         """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``."""
         parent = self.decoder
         params, draft_params = parent.params, parent.draft_params
@@ -190,7 +179,9 @@ class BatchDecoder:
             tokenizer=parent.tokenizer,
             method=parent.method,
             num_drafts=parent.num_drafts,
-            draft_len=parent.draft_len,
+            # an adaptive chain stays adaptive (its L chosen per round, by the batch budget when planned)
+            draft_len=None if parent.adaptive_draft_len else parent.draft_len,
+            max_draft_len=parent.draft_len,
             tree=parent.tree,
             temperature=params.temperature if temperature is None else temperature,
             top_k=params.top_k,
@@ -200,6 +191,9 @@ class BatchDecoder:
             eos_token_id=sorted(parent.eos_ids),
             stop=parent.stop if stop is None else stop,
             seed=parent.seed if seed is None else seed,
+            # planned by the batch budget: its own timings would time the whole batched round (and
+            # its trees are cut by the batch's cost model), so it learns none
+            cost_model=OnlineCostModel(learn=False) if planned else cost_model,
         )
         decoder.spec = parent.spec  # the parent's rule object itself (it may be set directly, e.g. a control)
         if isinstance(parent.drafter, NGramDrafter):
@@ -213,6 +207,14 @@ class BatchDecoder:
         seq.turn.acquire()
         if self._aborted:
             raise _Aborted
+
+    def _offer(self, seq: _Sequence, offered) -> tuple[int, BatchRoundDecision]:
+        """A sequence's planner (in its thread): hand its offer (the expected tokens of its candidate
+        nodes, best first) to the scheduler, wait for its share (nodes to score, root included)."""
+        seq.offer = offered
+        self._pause(seq)
+        share, seq.share = seq.share, None
+        return share
 
     def _run_sequence(self, seq: _Sequence) -> None:
         seq.turn.acquire()
@@ -233,15 +235,25 @@ class BatchDecoder:
         seq.turn.release()
         self._lock.acquire()
 
-    def _start(self, seq: _Sequence, settings) -> None:
+    def _start(self, seq: _Sequence, settings, planned: bool) -> None:
         seq.slot = self.runner.open(wait=lambda: self._pause(seq))
         try:
-            seq.decoder = self._sequence_decoder(HFModelAdapter(self.decoder.target.model, runner=seq.slot), *settings)
+            seq.decoder = self._sequence_decoder(HFModelAdapter(self.decoder.target.model, runner=seq.slot), *settings, planned)
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
+        if planned:
+            self._plan_by_budget(seq)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")
         seq.thread.start()
+
+    def _plan_by_budget(self, seq: _Sequence) -> None:
+        """Let the batch budget size ``seq``'s rounds: its token trees or adaptive chain offer their
+        candidates to the scheduler (``_offer``) instead of choosing alone."""
+        if isinstance(seq.decoder.drafter, TokenTreeDrafter):
+            seq.decoder.drafter.planner = lambda offered: self._offer(seq, offered.scores[1:])
+        elif seq.decoder.adaptive_draft_len:
+            seq.decoder.chain_planner = lambda gains: self._offer(seq, gains)
 
     def _finish(self, seq: _Sequence) -> None:
         if seq.thread is not None:
@@ -266,7 +278,9 @@ class BatchDecoder:
         prompt alone (greedy: the same tokens up to float rounding; sampled: the same law, and the
         same text where the draft does not depend on other sequences, e.g. the n-gram draft).
         rngs: one ``Rng`` per prompt instead of seeds (e.g. the replay enumerator in exact tests).
-        budget: per-round tree-node limits (``BudgetPolicy``), default ``drafter_choice``.
+        budget: None (default): the batch budget splits each forward's tokens by expected tokens per
+        predicted second (``engine.batch_budget``); or a ``BudgetPolicy`` capping each sequence's
+        tree, sized by its own drafter (``EvenSplit``, ``drafter_choice``).
         """
         if isinstance(prompts, str):
             raise ConfigError(f"prompts must be a list of prompts, got the string {prompts!r}; write [{prompts!r}]")
@@ -287,36 +301,70 @@ class BatchDecoder:
         settings = list(zip(seeds, limits, temperatures, stops))
         if budget is None and (count == 1 or self.max_batch == 1):
             return [self._decode_alone(prompt, rng, setting) for prompt, rng, setting in zip(prompts, rngs, settings)]
-        budget = budget or drafter_choice
+        planned = budget is None
         if self.runner is None:  # KV buffers of max_batch slots would be zero-filled for nothing when fewer run
             self.runner = BatchedLlamaRunner(self._base_runner, initial_slots=min(self.max_batch, count))
         self._aborted = False
         sequences = [_Sequence(i, prompt, rng=rngs[i]) for i, prompt in enumerate(prompts)]
         waiting = list(sequences)
         running: list[_Sequence] = []
-        start = time.perf_counter()
+        start = round_start = time.perf_counter()
         try:
             while waiting or running:
                 while waiting and len(running) < self.max_batch:
                     seq = waiting.pop(0)
-                    self._start(seq, settings[seq.index])
+                    self._start(seq, settings[seq.index], planned)
                     running.append(seq)
-                self._apply_budget(budget, running)
-                for seq in running:
+                if not planned:
+                    self._apply_budget(budget, running)
+                for seq in running:  # each runs to its offer (planned trees) or its forward
                     if not seq.done:
                         self._give_turn(seq)
-                for seq in running:
-                    if seq.exception is not None:
-                        raise seq.exception
+                self._raise_failure(running)
+                plan = self._plan_round(running) if planned else None
+                self._raise_failure(running)
                 for seq in [s for s in running if s.done]:
                     self._finish(seq)
                     running.remove(seq)
-                self.runner.flush()
+                round_start = self._flush(plan, round_start)
         except BaseException:
             self._abort(running)
             raise
         seconds = time.perf_counter() - start
         return [self._output(seq, seconds) for seq in sequences]
+
+    @staticmethod
+    def _raise_failure(running: list[_Sequence]) -> None:
+        for seq in running:
+            if seq.exception is not None:
+                raise seq.exception
+
+    def _plan_round(self, running: list[_Sequence]) -> BatchRoundDecision | None:
+        """Split this round's forward between the sequences waiting with an offer, then let each
+        draft its share up to its forward. Tokens already queued (a joining sequence's prompt)
+        count in the forward's cost."""
+        offering = [s for s in running if not s.done and s.offer is not None]
+        if not offering:
+            return None
+        offers = [seq.offer for seq in offering]
+        plan = split_scored_tokens(offers, self.decoder.batch_cost_model, self.runner.pending_tokens)
+        for seq, nodes in zip(offering, plan.nodes):
+            seq.offer, seq.share = None, (nodes, plan)
+            self._give_turn(seq)
+        return plan
+
+    def _flush(self, plan: BatchRoundDecision | None, round_start: float) -> float:
+        """Run the batched forward; a planned round's timings go to its decision and to the batch
+        cost model (the forward over all queued tokens; the rest of the round as overhead).
+        Returns the end of the round."""
+        scored = self.runner.pending_tokens
+        tic = time.perf_counter()
+        self.runner.flush()
+        end = time.perf_counter()
+        if plan is not None and scored:
+            plan.measured_target_seconds, plan.measured_round_seconds = end - tic, end - round_start
+            self.decoder.batch_cost_model.record(scored, end - tic, tic - round_start)
+        return end
 
     def _decode_alone(self, prompt, rng, setting) -> BatchGenerationOutput:
         """One sequence at a time: the single-sequence path itself (the decoder's own target
@@ -324,7 +372,8 @@ class BatchDecoder:
         seq = _Sequence(0, prompt, rng=rng)
         start = time.perf_counter()
         try:
-            seq.decoder = self._sequence_decoder(self.decoder.target, *setting)
+            # the parent's cost model too: alone, its timings are the round's own, as in generate
+            seq.decoder = self._sequence_decoder(self.decoder.target, *setting, cost_model=self.decoder.cost_model)
             seq.output = seq.decoder.generate(prompt, rng=rng)
         except ConfigError as error:
             seq.error = str(error)

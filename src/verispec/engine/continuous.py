@@ -36,8 +36,6 @@ a run is deterministic for a given order of ``add`` calls between steps.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import itertools
 import threading
 import time
@@ -47,12 +45,12 @@ from typing import Any
 
 import torch
 
-from verispec.engine.batch import BatchDecoder, BudgetPolicy, _Aborted, _Sequence, drafter_choice
+from verispec.engine.batch import BatchDecoder, BudgetPolicy, _Aborted, _Sequence, token_tree_copy
+from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
 from verispec.models.batch_runner import BatchedLlamaRunner
 from verispec.models.hf import HFModelAdapter
-from verispec.models.token_tree import SuffixIndex
 
 RoundHook = Callable[[Any], "str | None"]
 
@@ -79,30 +77,21 @@ class BatchSequence(_Sequence):
     __hash__ = object.__hash__
 
 
-def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
-    """A token-tree drafter with its own context index, plain-round streak and round state that
-    shares ``drafter``'s adjacency table and acceptance estimates (as ``BatchDecoder`` gives each
-    sequence): decoders made from it learn the target together, one at a time."""
-    own = copy.copy(drafter)
-    own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
-    own.probes = dataclasses.replace(drafter.probes, plain_streak=0)
-    own._rates = {}
-    return own
-
-
 class ContinuousBatch(BatchDecoder):
     """A running batch over ``decoder``'s target (a ``SpeculativeDecoder`` on the native Llama
     runner; its drafter, if a token tree, lends its adjacency table to ``token_tree_drafter``).
 
     max_batch: most sequences decoding at once; threads: torch threads of every sequence's thread
-    (None: leave torch's setting); budget: per-round tree-node limits of the token-tree sequences
-    (``engine.batch.BudgetPolicy``; default: each drafter's own choice). Not thread-safe: one
+    (None: leave torch's setting); budget: None (default): the batch budget splits each forward's
+    tokens between the sequences by expected tokens per predicted second of the batched forward
+    (``engine.batch_budget``), as ``generate_batch`` does; or a ``BudgetPolicy`` capping each
+    token-tree sequence's tree (``drafter_choice``: each drafter's own choice). Not thread-safe: one
     thread calls ``add`` / ``cancel`` / ``step`` (a server's scheduler loop)."""
 
     def __init__(self, decoder, max_batch: int = 8, threads: int | None = None, budget: BudgetPolicy | None = None):
         super().__init__(decoder, max_batch=max_batch)
         self.threads = threads
-        self.budget = budget or drafter_choice
+        self.budget = budget
         self.waiting: list[BatchSequence] = []
         self.running: list[BatchSequence] = []
         self._numbers = itertools.count()
@@ -153,12 +142,15 @@ class ContinuousBatch(BatchDecoder):
         if not self.running:
             return ended
         self._aborted = False
+        round_start = time.perf_counter()
         try:
-            self._apply_budget(self.budget, [s for s in self.running if isinstance(getattr(s.decoder, "drafter", None), TokenTreeDrafter)])
-            for seq in self.running:
+            if self.budget is not None:
+                self._apply_budget(self.budget, [s for s in self.running if isinstance(getattr(s.decoder, "drafter", None), TokenTreeDrafter)])
+            for seq in self.running:  # each runs to its offer (budgeted sizes) or its forward
                 if not seq.done:
                     self._give_turn(seq)
-            self.runner.flush()
+            plan = self._plan_round(self.running) if self.budget is None else None
+            self._flush(plan, round_start)
         except BaseException:
             self.close()
             raise
@@ -187,6 +179,10 @@ class ContinuousBatch(BatchDecoder):
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
+        if self.budget is None:
+            # the batch's cost model sizes its rounds; its own would time the whole batched forward
+            seq.decoder.cost_model = OnlineCostModel(learn=False)
+            self._plan_by_budget(seq)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")
         seq.thread.start()
 

@@ -85,7 +85,8 @@ class RoundDecision:
     draft_len: the chain's L (None for a token tree); expected_tokens: tokens the policy expected
     the round to emit; predicted_seconds: the cost model's seconds for the round (target forward +
     overhead) when it chose; measured_target_seconds / measured_round_seconds: what the round then
-    took; probe: the round was forced larger than the policy's choice to keep learning."""
+    took; probe: the round was forced larger than the policy's choice to keep learning; batch: in a
+    batched round, the batch budget's decision (predicted_seconds is then the batched round's)."""
 
     scored_tokens: int
     expected_tokens: float
@@ -94,6 +95,8 @@ class RoundDecision:
     draft_len: int | None = None
     measured_target_seconds: float | None = None
     measured_round_seconds: float | None = None
+    # in a batch: the budget's decision for the whole batched round (engine.batch_budget.BatchRoundDecision)
+    batch: object | None = None
 
 
 class OnlineCostModel:

@@ -213,6 +213,10 @@ class SpeculativeDecoder(TextDecoding):
         self.step_callback = step_callback
         # the round timings every size policy reads; persists across prompts (it describes the machine)
         self.cost_model = OnlineCostModel() if cost_model is None else cost_model
+        # generate_batch's: total tokens scored by one batched forward (all sequences) -> seconds
+        self.batch_cost_model = OnlineCostModel()
+        # set by a batch: chain gains -> (scored tokens, decision), instead of choosing L alone
+        self.chain_planner = None
         self.adaptive_draft_len = draft_len is None and self._chain_len_adapts(tree)
         if draft_len is None:
             draft_len = max_draft_len if self.adaptive_draft_len else DEFAULT_DRAFT_LEN
@@ -439,7 +443,14 @@ class SpeculativeDecoder(TextDecoding):
         yield self.last_output
 
     def _choose_chain_len(self, chain_policy: ChainLengthPolicy, fitting: int) -> tuple[int, RoundDecision]:
-        """This round's L (at most ``fitting``, what the contexts allow) and its record."""
+        """This round's L (at most ``fitting``, what the contexts allow) and its record; in a batch
+        (``chain_planner`` set by engine.batch) the batch budget chooses it with the other sequences."""
+        if self.chain_planner is not None:
+            gains = chain_policy.gains(fitting)
+            nodes, plan = self.chain_planner(gains)
+            choice = chain_policy.settle(nodes - 1, gains)
+            return choice.draft_len, RoundDecision(choice.draft_len + 1, choice.expected_tokens, plan.predicted_seconds,
+                                                   choice.probe, choice.draft_len, batch=plan)
         choice = chain_policy.choose(self.cost_model, fitting)
         predicted = self.cost_model.round_seconds(choice.draft_len + 1)
         return choice.draft_len, RoundDecision(choice.draft_len + 1, choice.expected_tokens, predicted, choice.probe, choice.draft_len)
@@ -522,9 +533,9 @@ class SpeculativeDecoder(TextDecoding):
         tic = time.perf_counter()
         # the deepest node sits at position length - 1 + depth: keep it inside the target's context
         candidates = self.drafter.propose(max_depth=self.target.max_context - length, cost=self.cost_model)
-        decision = RoundDecision(
-            candidates.num_nodes, candidates.expected_tokens, self.cost_model.round_seconds(candidates.num_nodes), candidates.probe
-        )
+        plan = candidates.plan  # in a batch: the batch budget chose the size, for the batched forward's cost
+        predicted = self.cost_model.round_seconds(candidates.num_nodes) if plan is None else plan.predicted_seconds
+        decision = RoundDecision(candidates.num_nodes, candidates.expected_tokens, predicted, candidates.probe, batch=plan)
         draft_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()

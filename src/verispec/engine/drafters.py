@@ -7,14 +7,14 @@ which tokens were kept, so a KV-cached draft rolls back the rest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
-from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CostTable, ProbeSchedule, adjacency_bucket, copy_bucket, grow_tree
+from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, adjacency_bucket, copy_bucket, grow_tree
 from verispec.errors import ConfigError
 from verispec.models.token_tree import AdjacencyTable, SuffixIndex
 from verispec.models.ngram import NGramDraft
@@ -176,6 +176,13 @@ class TokenTreeDrafter:
         self.index = SuffixIndex()
         self.estimates = AcceptanceEstimates()
         self._rates: dict = {}
+        # per round (the table and the rates do not change while a tree grows): a token's adjacency
+        # candidates, and its children when no copy continues there; a tree repeats tokens often
+        self._adjacent_of: dict[int, list[Candidate]] = {}
+        self._children_of: dict[int, list[Candidate]] = {}
+        # set by a batch (engine.batch): offered tree -> (nodes to keep, the decision), instead of
+        # the cut by ``cost``; None: this drafter decides alone
+        self.planner: Callable[[CandidateTree], tuple[int, object]] | None = None
 
     def reset(self, prompt_ids):
         self.index.reset(prompt_ids)
@@ -188,12 +195,15 @@ class TokenTreeDrafter:
         cost = self.cost if self.cost is not None else cost
         if cost is None:
             raise ConfigError("a token tree needs a cost table: pass cost= (a CostCurve) or let the engine pass its own")
-        self._rates = {}
+        self._rates, self._adjacent_of, self._children_of = {}, {}, {}
         context = self.index.context
         copies = [self._copy(m.start, m.match_len) for m in self.index.matches(self.copy_matches)]
         root = self._merge(copies, context[-1])
         depth = self.max_depth if max_depth is None else max(1, min(self.max_depth, max_depth))
         tree = grow_tree(context[-1], root, self._expand, cost, self.max_nodes, depth)
+        if self.planner is not None:  # a batch: its budget cuts the offered order, for all sequences at once
+            nodes, plan = self.planner(tree.offered)
+            tree = replace(tree.offered.prefix(nodes), plan=plan)
         if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1):
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
         return tree
@@ -208,22 +218,37 @@ class TokenTreeDrafter:
         cls = ("copy", copy_bucket(match_len))
         return Candidate(self.index.context[start], self._rate(cls), cls, start, match_len)
 
+    def _adjacent(self, token: int) -> list[Candidate]:
+        """The adjacency row of ``token`` as candidates, in the table's order (cached for the round)."""
+        found = self._adjacent_of.get(token)
+        if found is None:
+            ids, probs = self.adjacency.candidates(token)
+            found = []
+            for next_token, prob in zip(ids.tolist(), probs.tolist()):
+                cls = ("adj", adjacency_bucket(prob))
+                found.append(Candidate(next_token, self._rate(cls), cls))
+            self._adjacent_of[token] = found
+        return found
+
     def _merge(self, copies, token: int):
         """Copy candidates plus the adjacency row of ``token``; a token offered by both keeps
         the copy state and the better class, and is accepted if either source would be right
         (1 - (1 - a)(1 - b), an optimistic union)."""
+        if not copies and token in self._children_of:
+            return self._children_of[token]
         merged = {c.token: c for c in copies}
-        ids, probs = self.adjacency.candidates(token)
-        for next_token, prob in zip(ids.tolist(), probs.tolist()):
-            cls = ("adj", adjacency_bucket(prob))
-            rate = self._rate(cls)
-            known = merged.get(next_token)
+        for candidate in self._adjacent(token):
+            known = merged.get(candidate.token)
             if known is None:
-                merged[next_token] = Candidate(next_token, rate, cls)
+                merged[candidate.token] = candidate
             else:
+                rate = candidate.accept
                 union = 1.0 - (1.0 - known.accept) * (1.0 - rate)
-                merged[next_token] = replace(known, accept=union, cls=known.cls if known.accept >= rate else cls)
-        return sorted(merged.values(), key=lambda c: -c.accept)
+                merged[candidate.token] = replace(known, accept=union, cls=known.cls if known.accept >= rate else candidate.cls)
+        children = sorted(merged.values(), key=lambda c: -c.accept)
+        if not copies:
+            self._children_of[token] = children
+        return children
 
     def _expand(self, candidate, depth: int):
         context = self.index.context

@@ -46,22 +46,26 @@ from verispec.models.kv_buffer import MIN_CAPACITY, KVBuffers
 from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate, mlp_residual
 
 
-def _grouped_attention(queries, keys, values, mask, scale: float) -> torch.Tensor:
+def _grouped_attention(queries, keys, values, hidden, scale: float) -> torch.Tensor:
     """Masked attention of queries (B, N, heads, d) over keys/values (B, kv_heads, E, d) with
-    grouped-query heads (head h reads kv head h // (heads / kv_heads)) and a bool mask
-    (B, 1, N, E): (B, N, heads, d). Written out as two batched products because CPU
+    grouped-query heads (head h reads kv head h // (heads / kv_heads)) and ``hidden``
+    (B, 1, 1, N, E), True where a query must NOT see a key (``_hidden``, built once per forward):
+    (B, N, heads, d). Written out as two batched products because CPU
     ``scaled_dot_product_attention`` with a mask over several short sequences spent ~1.6 ms per
     layer here (B = 4 single-token queries over 200 keys, bf16), as long as the rest of the layer;
-    the softmax is taken in float32 (or float64 for a float64 model)."""
+    the softmax is taken in float32 (or float64 for a float64 model). The queries are scaled before
+    the product (exact for the power-of-two scale of 64-wide heads) and the mask is applied in the
+    model's dtype, so the softmax's dtype conversion is its own: ~15% less than scaling and masking
+    float32 scores (B = 4, 8 queries each, 300 keys, bf16)."""
     batch, width, heads, dim = queries.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     # (B, kv_heads, group * N, d): the queries of one kv head side by side
-    q = queries.permute(0, 2, 1, 3).reshape(batch, kv_heads, group * width, dim)
-    scores = q @ keys.transpose(-1, -2)
-    scores = scores.view(batch, kv_heads, group, width, -1).to(torch.promote_types(scores.dtype, torch.float32)) * scale
-    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(values.dtype).view(batch, kv_heads, group * width, -1)
+    q = (queries * scale).permute(0, 2, 1, 3).reshape(batch, kv_heads, group * width, dim)
+    scores = (q @ keys.transpose(-1, -2)).view(batch, kv_heads, group, width, -1)
+    scores = scores.masked_fill(hidden, float("-inf"))
+    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+    weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(values.dtype).view(batch, kv_heads, group * width, -1)
     out = (weights @ values).view(batch, kv_heads, group, width, dim).reshape(batch, heads, width, dim)
     return out.transpose(1, 2)
 
@@ -203,6 +207,11 @@ class BatchedLlamaRunner:
         """Slots with a forward queued."""
         return len(self._requests)
 
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens the queued forwards will score together."""
+        return sum(len(request.input_ids) for request in self._requests.values())
+
     def _mask(self, slots: list[int], requests: list[_Request], width: int, end: int) -> torch.Tensor:
         """(B, 1, width, end) bool: each request's own pattern over its own slot; padded query rows
         see entry 0 only (never a fully masked row)."""
@@ -242,6 +251,7 @@ class BatchedLlamaRunner:
             mask = None  # one query that sees the whole cache
         else:
             mask = self._mask(slots, requests, width, end)
+        hidden_keys = None if single or mask is None else ~mask[:, :, None]  # the grouped attention's form, once
         body = base.model.model
         hidden = body.embed_tokens(torch.tensor([[t for r in requests for t in r.input_ids]], device=device))
         cos, sin = body.rotary_emb(hidden, torch.tensor([[p for r in requests for p in r.positions]], device=device))
@@ -278,7 +288,7 @@ class BatchedLlamaRunner:
                     enable_gqa=heads != kv_heads,
                 ).transpose(1, 2)
             else:
-                out = _grouped_attention(queries, keys, values, mask, base.scaling)
+                out = _grouped_attention(queries, keys, values, hidden_keys, base.scaling)
             out = out.reshape(total, heads * head_dim) if uniform else out[rows, offsets].reshape(total, heads * head_dim)
             hidden = hidden + o_proj(out[None])
             hidden = mlp_residual(hidden, layer, linears)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.core.threads import default_threads
-from verispec.engine.continuous import token_tree_copy
+from verispec.engine.batch import token_tree_copy
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.engine.results import GenerationOutput
