@@ -142,3 +142,20 @@ def test_token_tree_drafter_needs_a_token_tree_decoder():
         ContinuousBatch(make_decoder("sd")).token_tree_drafter()
     drafter = ContinuousBatch(make_decoder("qfree-token-tree")).token_tree_drafter()
     assert drafter.max_nodes == 6
+
+
+def test_the_batch_budget_sizes_a_continuous_batch_and_its_decision_is_in_the_stats():
+    """Without a budget policy, the continuous batch (the server's) sizes every sequence's rounds by
+    the batch budget, as generate_batch does: each speculative round carries the decision of the
+    whole forward, a sequence drafts its share (or a probe), and its own cost model stays frozen."""
+    model = tiny_target()
+    batch = ContinuousBatch(make_decoder("qfree-token-tree", model), max_batch=3)
+    seqs = [batch.add(maker("qfree-token-tree", model, temperature=0, max_new_tokens=10), prompt) for prompt in PROMPTS]
+    run_all(batch)
+    steps = [(seq, step) for seq in seqs for step in seq.output.steps]
+    assert steps and all(step.policy is not None and step.policy.batch is not None for _, step in steps)
+    for seq, step in steps:
+        plan = step.policy.batch
+        assert plan.scored_tokens == plan.fixed_tokens + sum(plan.nodes) and plan.measured_target_seconds is not None
+    assert all(not seq.decoder.cost_model.learn for seq in seqs)
+    assert batch.decoder.batch_cost_model.table(4) is not None
