@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -151,22 +151,37 @@ def score_policy(record: RunRecord, trees, output, cost_table) -> None:
 
 
 def run_default(decoder, ids, seed: int):
-    """Generate with the default decoder, recording every round's candidate tree."""
+    """Generate with the default decoder, recording every round's candidate tree. A round the
+    policy knew to be root-only comes without its offered order (``propose`` skips growing it);
+    the oracle needs it, so it is grown here, and the seconds that takes are taken off the round's
+    drafting time before the cost model reads it and off the run's total (returned as ``extra``)."""
     trees = []
-    propose = type(decoder.drafter).propose
+    drafter = decoder.drafter
+    propose, learn = type(drafter).propose, type(decoder)._learn
+    pending, extra = [0.0], [0.0]
 
     def recording(*args, **kwargs):
-        tree = propose(decoder.drafter, *args, **kwargs)
+        tree = propose(drafter, *args, **kwargs)
+        if tree.offered is None:
+            tic = time.perf_counter()
+            tree = replace(tree, offered=drafter.offered_tree(*args, **kwargs))
+            pending[0] += time.perf_counter() - tic
         trees.append(tree)
         return tree
 
-    decoder.drafter.propose = recording
+    def learning(step, *args):
+        step.draft_seconds -= pending[0]
+        extra[0] += pending[0]
+        pending[0] = 0.0
+        return learn(decoder, step, *args)
+
+    drafter.propose, decoder._learn = recording, learning
     decoder.seed = seed
     try:
         output = decoder.generate(ids)
     finally:
-        del decoder.drafter.propose
-    return output, trees
+        del drafter.propose, decoder._learn
+    return output, trees, extra[0]
 
 
 def start_load() -> subprocess.Popen:
@@ -209,9 +224,9 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
                     record.plain_seconds += output.seconds
                     record.plain_prefill_seconds += output.prefill_seconds
                     continue
-                output, trees = run_default(default, ids, index)
+                output, trees, extra = run_default(default, ids, index)
                 record.default_tokens += output.new_tokens
-                record.default_seconds += output.seconds
+                record.default_seconds += output.seconds - extra
                 record.default_prefill_seconds += output.prefill_seconds
                 record.target_calls += output.target_calls
                 record.rounds += len(output.steps)
