@@ -11,7 +11,8 @@ Spec-Bench ids divisible by 5, at most --per-category per Spec-Bench category; -
 HumanEval prompts and N Spec-Bench prompts (taken round-robin over the categories); --categories keeps
 only the named Spec-Bench categories, --humaneval N only the first N HumanEval prompts.
 
-Conditions: every combination of --threads (torch threads), --temperatures (0 = greedy; seeded
+Conditions (OpenMP threads wait passively, as under the ``verispec`` command; set OMP_WAIT_POLICY to
+override): every combination of --threads (torch threads), --temperatures (0 = greedy; seeded
 draws with seed = the prompt's index otherwise) and load: without, then with a CPU-bound process of
 this script's own pinned to core 0 (started before and killed after the loaded runs; --load /
 --no-load keep only one). Within a condition, for every prompt, plain and default run back to
@@ -50,7 +51,12 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 
-import torch
+
+# as the command line does before torch loads: waiting OpenMP threads sleep instead of spinning, so a
+# busy core slows a 2-thread forward down instead of stalling it (an explicit value wins)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 SPEC_BENCH = "/work/shared/data/spec_bench/question.jsonl"
 
