@@ -5,11 +5,12 @@ sampling's (docs/drafter-invariance.md)?
     PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/batch_variance.py flips \\
         [--dtype fp32 bf16] [--prompts 10] [--tokens 96] [--chunks 4 16 32] [--json FILE]
     PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/batch_variance.py identical \\
-        [--dtype fp32] [--prompts 20] [--tokens 128] [--drafts tree ngram] [--json FILE]
+        [--dtype fp32] [--prompts 20] [--tokens 128] [--drafts tree ngram head] [--heldout] [--json FILE]
 
 Prompts: the first turns of Spec-Bench (/work/shared/data/spec_bench/question.jsonl, or --data)
 whose question_id is NOT divisible by 5 (those are held out for evaluation), in file order
-(--offset skips the first ones).
+(--offset skips the first ones); with --heldout, those divisible by 5 instead (the evaluation
+prompts: this measures, it tunes nothing).
 
 flips: per prompt, plain decoding scores each token alone (a 1-token forward over the KV cache)
 and draws it: greedy (argmax) and seeded Gumbel at T = 0.8 (seed = the prompt's index in that list, noise
@@ -22,7 +23,7 @@ Reported per dtype x draw x k: flips per 1,000 tokens, the gaps, and the largest
 difference| between the two scorings of a row (median and max over rows).
 
 identical: per prompt, ``--method ar`` and each draft's default rule (token trees + qfree;
-n-gram + gumbel) with the same seed at T = 0.8: are the token ids identical? At a mismatch, the
+n-gram + gumbel; the shipped draft head + gumbel, "head") with the same seed at T = 0.8: are the token ids identical? At a mismatch, the
 first differing position's gap (as above) in the row re-scored after a prefill of the common
 prefix (an estimate of plain decoding's own row, whose KV entries came from 1-token forwards): a
 batch-variance flip when that gap is of the size of the row differences measured by ``flips``.
@@ -67,10 +68,10 @@ class FlipRecord:
     row_diff_max: float = 0.0
 
 
-def non_held_out_prompts(path: Path, count: int, offset: int = 0):
-    """Spec-Bench first turns whose id is not divisible by 5, in file order: ``count`` of them
-    after the first ``offset``."""
-    prompts = [p for p in spec_bench_prompts(path) if int(p.prompt_id) % 5 != 0]
+def non_held_out_prompts(path: Path, count: int, offset: int = 0, heldout: bool = False):
+    """Spec-Bench first turns whose id is not divisible by 5 (``heldout``: whose id is), in file
+    order: ``count`` of them after the first ``offset``."""
+    prompts = [p for p in spec_bench_prompts(path) if (int(p.prompt_id) % 5 == 0) == heldout]
     return prompts[offset : offset + count]
 
 
@@ -153,7 +154,7 @@ def measure_flips(args) -> list[FlipRecord]:
 
 
 def measure_identical(args) -> list[dict]:
-    prompts = non_held_out_prompts(args.data, args.prompts, args.offset)
+    prompts = non_held_out_prompts(args.data, args.prompts, args.offset, args.heldout)
     results = []
     for dtype_name in args.dtype:
         model, tokenizer = load_default_target(DTYPES[dtype_name])
@@ -193,8 +194,9 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=0, help="skip this many prompts (to extend an earlier run)")
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--chunks", type=int, nargs="+", default=[4, 16, 32])
-    parser.add_argument("--drafts", nargs="+", default=["tree", "ngram"], choices=["tree", "ngram"])
+    parser.add_argument("--drafts", nargs="+", default=["tree", "ngram"], choices=["tree", "ngram", "head"])
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--heldout", action="store_true", help="held-out prompts (ids divisible by 5) for 'identical'")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()

@@ -2,15 +2,17 @@
 the online cost model) against plain decoding on held-out prompts, with an oracle for the policy.
 
 Usage:
-    python benchmarks/robustness.py [--limit N] [--per-category 3] [--max-new-tokens 128]
+    python benchmarks/robustness.py [--limit N] [--per-category 3] [--categories qa,rag] [--humaneval N] [--max-new-tokens 128]
         [--threads 1,2] [--temperatures 0,0.6] [--load | --no-load] [--repeats 2] [--warm]
         [--dtype auto] [--json OUT.json]
 
 Prompts: held-out only (``verispec.distill.data.split_prompts("heldout")``): HumanEval 0-39 and
 Spec-Bench ids divisible by 5, at most --per-category per Spec-Bench category; --limit N keeps N
-HumanEval prompts and N Spec-Bench prompts (taken round-robin over the categories).
+HumanEval prompts and N Spec-Bench prompts (taken round-robin over the categories); --categories keeps
+only the named Spec-Bench categories, --humaneval N only the first N HumanEval prompts.
 
-Conditions: every combination of --threads (torch threads), --temperatures (0 = greedy; seeded
+Conditions (OpenMP threads wait passively, as under the ``verispec`` command; set OMP_WAIT_POLICY to
+override): every combination of --threads (torch threads), --temperatures (0 = greedy; seeded
 draws with seed = the prompt's index otherwise) and load: without, then with a CPU-bound process of
 this script's own pinned to core 0 (started before and killed after the loaded runs; --load /
 --no-load keep only one). Within a condition, for every prompt, plain and default run back to
@@ -47,9 +49,14 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-import torch
+
+# as the command line does before torch loads: waiting OpenMP threads sleep instead of spinning, so a
+# busy core slows a 2-thread forward down instead of stalling it (an explicit value wins)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 SPEC_BENCH = "/work/shared/data/spec_bench/question.jsonl"
 
@@ -95,10 +102,12 @@ class Condition:
     records: list[RunRecord] = field(default_factory=list)
 
 
-def held_out_prompts(limit: int | None, per_category: int, spec_bench: str):
+def held_out_prompts(limit: int | None, per_category: int, spec_bench: str, categories=None, humaneval_count=None):
     from verispec.distill.data import split_prompts
 
     prompts = split_prompts("heldout", spec_bench)
+    if categories:
+        prompts = [p for p in prompts if p.category == "humaneval" or p.category in categories]
     humaneval = [p for p in prompts if p.category == "humaneval"]
     by_category: dict[str, list] = defaultdict(list)
     for prompt in prompts:
@@ -112,6 +121,8 @@ def held_out_prompts(limit: int | None, per_category: int, spec_bench: str):
         spec_bench += [group[depth] for group in groups if depth < len(group)]
     if limit is not None:
         humaneval, spec_bench = humaneval[:limit], spec_bench[:limit]
+    if humaneval_count is not None:
+        humaneval = humaneval[:humaneval_count]
     return humaneval + spec_bench
 
 
@@ -151,22 +162,37 @@ def score_policy(record: RunRecord, trees, output, cost_table) -> None:
 
 
 def run_default(decoder, ids, seed: int):
-    """Generate with the default decoder, recording every round's candidate tree."""
+    """Generate with the default decoder, recording every round's candidate tree. A round the
+    policy knew to be root-only comes without its offered order (``propose`` skips growing it);
+    the oracle needs it, so it is grown here, and the seconds that takes are taken off the round's
+    drafting time before the cost model reads it and off the run's total (returned as ``extra``)."""
     trees = []
-    propose = type(decoder.drafter).propose
+    drafter = decoder.drafter
+    propose, learn = type(drafter).propose, type(decoder)._learn
+    pending, extra = [0.0], [0.0]
 
     def recording(*args, **kwargs):
-        tree = propose(decoder.drafter, *args, **kwargs)
+        tree = propose(drafter, *args, **kwargs)
+        if tree.offered is None:
+            tic = time.perf_counter()
+            tree = replace(tree, offered=drafter.offered_tree(*args, **kwargs))
+            pending[0] += time.perf_counter() - tic
         trees.append(tree)
         return tree
 
-    decoder.drafter.propose = recording
+    def learning(step, *args):
+        step.draft_seconds -= pending[0]
+        extra[0] += pending[0]
+        pending[0] = 0.0
+        return learn(decoder, step, *args)
+
+    drafter.propose, decoder._learn = recording, learning
     decoder.seed = seed
     try:
         output = decoder.generate(ids)
     finally:
-        del decoder.drafter.propose
-    return output, trees
+        del drafter.propose, decoder._learn
+    return output, trees, extra[0]
 
 
 def start_load() -> subprocess.Popen:
@@ -209,9 +235,9 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
                     record.plain_seconds += output.seconds
                     record.plain_prefill_seconds += output.prefill_seconds
                     continue
-                output, trees = run_default(default, ids, index)
+                output, trees, extra = run_default(default, ids, index)
                 record.default_tokens += output.new_tokens
-                record.default_seconds += output.seconds
+                record.default_seconds += output.seconds - extra
                 record.default_prefill_seconds += output.prefill_seconds
                 record.target_calls += output.target_calls
                 record.rounds += len(output.steps)
@@ -283,6 +309,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=None, help="N HumanEval and N Spec-Bench held-out prompts (default: all)")
     parser.add_argument("--per-category", type=int, default=3, help="Spec-Bench prompts per category (default 3)")
+    parser.add_argument("--categories", default=None, help="comma list of Spec-Bench categories to keep (default: all)")
+    parser.add_argument("--humaneval", type=int, default=None, help="HumanEval prompts to keep (default: --limit, else all 40)")
     parser.add_argument("--spec-bench", default=None, help=f"Spec-Bench question.jsonl (default: the development copy, else {SPEC_BENCH})")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", default="1,2", help="comma list of torch thread counts (default 1,2)")
@@ -307,7 +335,9 @@ def main(argv=None) -> int:
     model, tokenizer = load_default_target(resolve_dtype(dtype))
     from verispec.distill.data import default_spec_bench_path
 
-    prompts = held_out_prompts(args.limit, args.per_category, args.spec_bench or default_spec_bench_path() or SPEC_BENCH)
+    categories = args.categories.split(",") if args.categories else None
+    prompts = held_out_prompts(args.limit, args.per_category, args.spec_bench or default_spec_bench_path() or SPEC_BENCH,
+                               categories, args.humaneval)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu_name()}, {os.cpu_count()} cores, {dtype}, "
           f"{len(prompts)} held-out prompts x {args.repeats} repeats, max {args.max_new_tokens} new tokens, "
           f"{'warm decoders' if args.warm else 'fresh decoders per run'}; load average before: {os.getloadavg()[0]:.1f}")

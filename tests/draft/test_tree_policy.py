@@ -10,6 +10,7 @@ from verispec.draft.tree_policy import (
     adjacency_bucket,
     copy_bucket,
     grow_tree,
+    root_alone_wins,
 )
 from verispec.errors import ConfigError
 
@@ -64,3 +65,35 @@ def test_estimates_follow_hits_and_start_at_the_prior():
     estimates.record([(cls, True)] * 96)
     assert estimates.rate(cls) == pytest.approx((96 + 4 * AcceptanceEstimates.prior(cls)) / 100)
     assert adjacency_bucket(0.0) == 0 and adjacency_bucket(0.99) == 7 and adjacency_bucket(1.0) == 7
+
+
+def test_root_alone_wins_only_when_growing_keeps_the_root_alone():
+    """The shortcut that skips growing a tree must never change the choice: whenever it says "root
+    alone", grow_tree keeps the root alone, over many acceptances, costs and limits; and it is
+    not vacuous (it fires on worthless candidates, not on good ones)."""
+    import random
+
+    generator = random.Random(5)
+    fired = 0
+    for _ in range(400):
+        accept = generator.choice([0.001, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9])
+        deep = generator.uniform(0.0, 1.0)  # children may be as good as (or better than) the root's
+        slope = generator.choice([0.0, 0.005, 0.02, 0.1])
+        cost = CostCurve(((1, 1.0), (2, 1.0 + slope), (32, 1.0 + 31 * slope)), overhead=generator.choice([0.0, 0.02, 0.2]))
+        max_nodes = generator.choice([1, 2, 8, 24])
+        expand = lambda candidate, depth, deep=deep: [Candidate(candidate.token + 1, deep, CLS)]  # noqa: E731
+        tree = grow_tree(0, [Candidate(1, accept, CLS), Candidate(2, accept / 2, CLS)], expand, cost, max_nodes, 12)
+        if root_alone_wins(accept, cost, max_nodes):
+            fired += 1
+            assert tree.num_nodes == 1, (accept, deep, slope, max_nodes)
+    assert 40 < fired < 360
+    assert root_alone_wins(0.001, CostCurve(), 24) and not root_alone_wins(0.5, CostCurve(), 24)
+
+
+def test_root_alone_wins_bounds_every_size_not_just_the_first_node():
+    """One candidate of 0.015 does not pay for a 2-node round (cost 1.02), but the bound must also
+    cover larger trees: with a flat cost curve 24 such nodes would pay (1 + 24 x 0.015 > 1.02)."""
+    flat = CostCurve(((1, 1.0), (32, 1.0)), overhead=0.02)
+    assert not root_alone_wins(0.015, flat, 24)
+    assert root_alone_wins(0.015, flat, 1)
+    assert not root_alone_wins(0.03, flat, 1)

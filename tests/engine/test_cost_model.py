@@ -113,6 +113,8 @@ def test_token_tree_probes_after_a_run_of_root_only_rounds():
     assert [t.num_nodes for t in trees] == [1, 1, 4, 1, 1, 4]
     assert [t.probe for t in trees] == [False, False, True] * 2
     assert trees[2].tokens == trees[2].offered.tokens[: trees[2].num_nodes]
+    # root-only rounds known before growing: no offered order, which offered_tree grows on demand
+    assert trees[0].offered is None and drafter.offered_tree(cost=costly).tokens == trees[2].offered.tokens
     with pytest.raises(ConfigError, match="needs a cost table"):
         TokenTreeDrafter(8).propose()
 
@@ -171,3 +173,29 @@ def test_cli_draft_len_is_auto_by_default():
     for bad in ("0", "x"):
         with pytest.raises(SystemExit):
             parse("-L", bad)
+
+
+def test_token_tree_shortcut_chooses_what_growing_would():
+    """propose() skips growing when the root alone must win; over a run with a cost table that makes
+    some rounds root-only and others not, every tree equals the cut grow_tree makes of the whole
+    offered order (probes aside)."""
+    import torch
+
+    drafter = TokenTreeDrafter(16, k=3, max_nodes=8, max_depth=4, probes=ProbeSchedule(every=1000, size=2))
+    drafter.reset([1, 2, 3, 4, 1, 2, 3, 5, 1, 2])
+    generator = np.random.default_rng(0)
+    sizes = set()
+    for step in range(60):
+        cost = CostCurve(((1, 1.0), (2, 1.0 + (0.5 if step % 3 else 0.01)), (16, 3.0)), overhead=0.0)
+        tree = drafter.propose(cost=cost)
+        full = drafter.offered_tree(cost=cost)
+        ratios = [(1.0 + sum(full.scores[1:n])) / cost.table(full.num_nodes)[n - 1] for n in range(1, full.num_nodes + 1)]
+        keep = int(np.argmax(ratios)) + 1
+        assert tree.tokens == full.tokens[:keep], step
+        sizes.add(tree.num_nodes)
+        logits = torch.tensor(generator.normal(size=(tree.num_nodes, 16)), dtype=torch.float32)
+        drafter.observe_target(tree.tokens, tree.parents, logits)
+        visited = [0] + ([1] if tree.num_nodes > 1 and step % 2 else [])
+        drafter.observe_walk(tree, visited)
+        drafter.commit([tree.tokens[n] for n in visited[1:]], int(generator.integers(1, 6)))
+    assert 1 in sizes and max(sizes) > 1  # both kinds of rounds were compared

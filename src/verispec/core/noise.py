@@ -66,17 +66,31 @@ class GumbelNoise:
         ids = np.asarray(ids, dtype=np.int64)
         if not ids.size:
             return np.zeros(ids.shape)
-        size = int(ids.max()) + 1
+        return self.leading(position, int(ids.max()) + 1)[ids]
+
+    def leading(self, position: int, size: int) -> np.ndarray:
+        """E(seed, position, x) for x = 0..size-1 (float64, size,): a read-only view of the cache,
+        so a row over the whole vocabulary reads its noise without a gather."""
         cached = self._exponentials.get(position)
         if cached is None or len(cached) < size:
-            uniform = ((self.words(self.seed, position, size) >> np.uint64(11)).astype(np.float64) + 0.5) * _UNIFORM_SCALE
-            cached = -np.log(uniform)
+            cached = self._generate(position, size)
             self._exponentials[position] = cached
             if len(self._exponentials) > CACHED_POSITIONS:
                 self._exponentials.popitem(last=False)
         else:
             self._exponentials.move_to_end(position)
-        return cached[ids]
+        return cached[:size]
+
+    def _generate(self, position: int, size: int) -> np.ndarray:
+        """-log u(position, x) for x < size, in place in one float64 buffer (the values of the
+        stream layout above, bit for bit: the same words, the same roundings)."""
+        values = (self.words(self.seed, position, size) >> np.uint64(11)).astype(np.float64)
+        values += 0.5
+        values *= _UNIFORM_SCALE
+        np.log(values, out=values)
+        np.negative(values, out=values)
+        values.flags.writeable = False  # handed out as views: nobody may change the noise
+        return values
 
     def gumbel(self, position: int, ids: np.ndarray) -> np.ndarray:
         """G(seed, position, ids) = -log E (float64, shape of ids)."""
@@ -89,12 +103,23 @@ def gumbel_max(ids: np.ndarray, probs: np.ndarray, noise: GumbelNoise, position:
     go to the lowest listed id."""
     ids = np.asarray(ids, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
-    if not (probs > 0).any():
-        raise ConfigError("gumbel_max needs a row with positive mass; the row given is all zero")
-    if len(ids) == 1:  # a point mass (e.g. greedy): no noise read
+    if len(ids) == 1 and probs[0] > 0:  # a point mass (e.g. greedy): no noise read
         return int(ids[0])
-    scores = probs / noise.exponentials(position, ids)  # zero entries score 0 and never win
-    return int(ids[int(np.argmax(scores))])
+    if _is_leading_range(ids):  # the whole vocabulary (an untruncated row): the cache itself, no gather
+        scores = probs / noise.leading(position, len(ids))
+    else:
+        scores = probs / noise.exponentials(position, ids)
+    best = int(np.argmax(scores)) if len(ids) else 0
+    if not len(ids) or not scores[best] > 0:  # zero entries score 0: the max is 0 only for an all-zero row
+        raise ConfigError("gumbel_max needs a row with positive mass; the row given is all zero")
+    return int(ids[best])
+
+
+def _is_leading_range(ids: np.ndarray) -> bool:
+    """ids == 0, 1, ..., len(ids) - 1 (what ``Rows.support`` gives for an untruncated row); checked
+    at both ends first, so a truncated support costs two reads, a full one a pass over V."""
+    size = len(ids)
+    return size > 1 and ids[0] == 0 and ids[-1] == size - 1 and bool((np.diff(ids) == 1).all())
 
 
 def gumbel_argmax(rows, node: int, noise: GumbelNoise, position: int) -> int:

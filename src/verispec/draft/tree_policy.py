@@ -207,6 +207,20 @@ def grow_tree(
     return offered.prefix(keep)
 
 
+def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int) -> bool:
+    """Whether ``grow_tree`` would keep the root alone, known before growing anything: every node's
+    score is a product of acceptances <= 1, so none exceeds ``best_accept``, the best root
+    candidate's, and a tree of k nodes expects at most 1 + (k - 1) x best_accept tokens. When that
+    bound, per unit of cost, stays strictly below the root alone's 1 / cost(1) for every k up to
+    1 + max_nodes, no prefix of the best-first order can win (grow_tree keeps the first maximum),
+    so the round is plain decoding and growing the tree would be wasted work."""
+    if max_nodes < 1:
+        return True
+    costs = cost.table(1 + int(max_nodes))
+    bounds = (1.0 + np.arange(1, costs.size) * max(float(best_accept), 0.0)) / costs[1:]
+    return bool((bounds < 1.0 / costs[0]).all())
+
+
 @dataclass
 class ProbeSchedule:
     """When the policy keeps choosing the root alone, force a small tree (or chain) now and then:

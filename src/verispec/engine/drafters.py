@@ -14,7 +14,10 @@ from typing import Protocol
 import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
-from verispec.draft.tree_policy import AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, adjacency_bucket, copy_bucket, grow_tree
+from verispec.draft.tree_policy import (
+    AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, adjacency_bucket, copy_bucket, grow_tree,
+    root_alone_wins,
+)
 from verispec.errors import ConfigError
 from verispec.models.token_tree import AdjacencyTable, SuffixIndex
 from verispec.models.ngram import NGramDraft
@@ -191,22 +194,51 @@ class TokenTreeDrafter:
     def propose(self, max_depth: int | None = None, cost: CostTable | None = None):
         """This round's ``CandidateTree`` below the last context token, at most ``max_depth`` deep
         (default ``self.max_depth``; the engine passes less near the end of the target's context),
-        sized by ``self.cost`` when fixed, else by ``cost`` (the engine's online table)."""
-        cost = self.cost if self.cost is not None else cost
-        if cost is None:
-            raise ConfigError("a token tree needs a cost table: pass cost= (a CostCurve) or let the engine pass its own")
-        self._rates, self._adjacent_of, self._children_of = {}, {}, {}
-        context = self.index.context
-        copies = [self._copy(m.start, m.match_len) for m in self.index.matches(self.copy_matches)]
-        root = self._merge(copies, context[-1])
-        depth = self.max_depth if max_depth is None else max(1, min(self.max_depth, max_depth))
-        tree = grow_tree(context[-1], root, self._expand, cost, self.max_nodes, depth)
+        sized by ``self.cost`` when fixed, else by ``cost`` (the engine's online table).
+
+        When no tree can beat the root alone (``root_alone_wins``, from the best root candidate)
+        and no probe is due, the root alone is returned without growing the tree, so a round that
+        drafts nothing costs about what a plain decoding step costs; its ``offered`` is then None
+        (``offered_tree`` grows it, for oracles). In a batch (``planner`` set) the batch budget cuts
+        the whole offered order instead, priced by the batched forward."""
+        cost = self._cost(cost)
+        root, depth = self._root_candidates(max_depth)
+        token = self.index.context[-1]
         if self.planner is not None:  # a batch: its budget cuts the offered order, for all sequences at once
+            tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
             nodes, plan = self.planner(tree.offered)
             tree = replace(tree.offered.prefix(nodes), plan=plan)
+        else:
+            best = max((c.accept for c in root), default=0.0)
+            if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
+                # grow_tree would keep the root alone while offering more (a root candidate scores > 0)
+                if not self.probes.due(False):
+                    return CandidateTree((token,), (-1,), (None,), (1.0,), 1.0)
+                tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
+                return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
+            tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
         if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1):
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
         return tree
+
+    def offered_tree(self, max_depth: int | None = None, cost: CostTable | None = None) -> CandidateTree:
+        """The whole best-first order this round offers (what ``propose`` cuts), grown from the same
+        state: call it after ``propose`` and before the round's feedback. Touches no probe count."""
+        root, depth = self._root_candidates(max_depth)
+        return grow_tree(self.index.context[-1], root, self._expand, self._cost(cost), self.max_nodes, depth).offered
+
+    def _cost(self, cost: CostTable | None) -> CostTable:
+        cost = self.cost if self.cost is not None else cost
+        if cost is None:
+            raise ConfigError("a token tree needs a cost table: pass cost= (a CostCurve) or let the engine pass its own")
+        return cost
+
+    def _root_candidates(self, max_depth: int | None):
+        """(the root's candidates, best first; the depth limit) from the current estimates."""
+        self._rates, self._adjacent_of, self._children_of = {}, {}, {}
+        copies = [self._copy(m.start, m.match_len) for m in self.index.matches(self.copy_matches)]
+        root = self._merge(copies, self.index.context[-1])
+        return root, self.max_depth if max_depth is None else max(1, min(self.max_depth, max_depth))
 
     def _rate(self, cls) -> float:
         rate = self._rates.get(cls)
