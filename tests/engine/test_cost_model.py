@@ -103,10 +103,33 @@ def test_probe_schedule_bounds_probes():
     assert probes.due(True) is False and probes.plain_streak == 0
     with pytest.raises(ConfigError, match="every >= 1"):
         ProbeSchedule(every=0)
+    with pytest.raises(ConfigError, match="max_overhead > 0"):
+        ProbeSchedule(max_overhead=0)
+
+
+def test_probes_cost_at_most_max_overhead_of_plain_decoding():
+    """Where a forward's cost grows with its tokens (llama.cpp's quantized kernels), probes become
+    rare enough to cost <= max_overhead of plain decoding; where extra tokens are nearly free they
+    stay every + 1 rounds apart."""
+    linear = CostCurve(((1, 1.0), (2, 2.0)), overhead=0.0)  # 5 tokens cost 5x one
+    probes = ProbeSchedule(every=8, size=4, max_overhead=0.01)
+    rounds = 4000
+    due = [probes.due(False, linear) for _ in range(rounds)]
+    extra = linear(1 + probes.size) / linear(1) - 1
+    assert 1 <= sum(due) and sum(due) * extra / rounds <= 0.01
+    assert sum(due) >= 0.8 * rounds * 0.01 / extra  # not rarer than the bound needs (still probing)
+    flat = CostCurve(((1, 1.0), (16, 1.05)), overhead=0.0)
+    assert ProbeSchedule(every=8, size=4).run_length(flat) == 8
+    assert ProbeSchedule(every=8, size=4).run_length(None) == 8
+    # the token-tree drafter passes its cost: with the linear curve no probe in 100 root-only rounds
+    drafter = TokenTreeDrafter(8, k=2, max_nodes=8, max_depth=3)
+    drafter.reset([1, 2, 3, 1, 2])
+    assert not any(drafter.propose(cost=linear).probe for _ in range(100))
 
 
 def test_token_tree_probes_after_a_run_of_root_only_rounds():
-    drafter = TokenTreeDrafter(8, k=2, max_nodes=8, max_depth=3, probes=ProbeSchedule(every=2, size=3))
+    # max_overhead huge: this test is about the run of root-only rounds, not the probes' cost bound
+    drafter = TokenTreeDrafter(8, k=2, max_nodes=8, max_depth=3, probes=ProbeSchedule(every=2, size=3, max_overhead=1e6))
     drafter.reset([1, 2, 3, 1, 2])  # a copy candidate (3) is offered
     costly = CostCurve(((1, 1.0), (2, 50.0)))  # nothing pays
     trees = [drafter.propose(cost=costly) for _ in range(6)]
@@ -123,11 +146,17 @@ def test_chain_length_follows_acceptance_and_cost():
     flat = CostCurve(((1, 1.0), (16, 1.0)), overhead=0.0)  # drafting is free: the longest chain
     assert ChainLengthPolicy(6).choose(flat).draft_len == 6
     dear = CostCurve(((1, 1.0), (2, 1.7), (16, 15.0)), overhead=0.0)
-    policy = ChainLengthPolicy(6)
+    # max_overhead huge: every 9th decision probes, whatever a probe costs
+    policy = ChainLengthPolicy(6, probes=ProbeSchedule(size=2, max_overhead=1e6))
     for _ in range(20):
         policy.record(4, 0)  # nothing accepted: plain rounds, then a probe of 2 now and then
     choices = [policy.choose(dear) for _ in range(18)]
     assert [c.draft_len for c in choices].count(0) == 16 and all(c.draft_len == 2 for c in choices if c.probe)
+    # the default bound: a probe of 2 costs 1.65 plain rounds more here, so ~165 plain rounds between probes
+    policy = ChainLengthPolicy(6)
+    for _ in range(20):
+        policy.record(4, 0)
+    assert [policy.choose(dear).draft_len for _ in range(150)].count(0) == 150
     assert ChainLengthPolicy(6).choose(flat, limit=3).draft_len == 3 and ChainLengthPolicy(6).choose(flat, limit=0).draft_len == 0
 
 

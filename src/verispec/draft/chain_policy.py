@@ -89,16 +89,16 @@ class ChainLengthPolicy:
         if gains.size == 0:
             return ChainChoice(0, 1.0)
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
-        return self.settle(int(np.argmax(expected / cost.table(gains.size + 1))), gains)
+        return self.settle(int(np.argmax(expected / cost.table(gains.size + 1))), gains, cost)
 
-    def settle(self, draft_len: int, gains: np.ndarray) -> ChainChoice:
+    def settle(self, draft_len: int, gains: np.ndarray, cost: CostTable | None = None) -> ChainChoice:
         """The choice for a length decided from ``gains`` (here or by a batch budget), turned into
-        a probe after a run of plain rounds."""
+        a probe after a run of plain rounds (as long as ``cost`` makes probes cheap enough)."""
         if gains.size == 0:
             return ChainChoice(0, 1.0)
         expected = 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
         best = max(0, min(int(draft_len), gains.size))
-        if self.probes.due(best > 0):
+        if self.probes.due(best > 0, cost):
             best = min(self.probes.size, gains.size)
             return ChainChoice(best, float(expected[best]), probe=True)
         return ChainChoice(best, float(expected[best]))

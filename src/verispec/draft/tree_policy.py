@@ -19,6 +19,7 @@ then, so the estimates keep learning.
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
@@ -224,26 +225,42 @@ def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int) -> bool
 @dataclass
 class ProbeSchedule:
     """When the policy keeps choosing the root alone, force a small tree (or chain) now and then:
-    after ``every`` decisions in a row without speculation, one probe of ``size`` draft tokens.
-    A deterministic function of past decisions only. Its cost is bounded: at most one probe in
-    every ``every + 1`` rounds, each scoring ``size`` more tokens than a plain round, i.e. at most
-    (cost(1 + size) / cost(1) - 1) / (every + 1) of plain decoding's time (about 0.6% with the
-    prior curve, 8 and 4), less what the probes' accepted tokens save."""
+    after a run of decisions without speculation, one probe of ``size`` draft tokens. A
+    deterministic function of past decisions and past timings only.
+
+    The run is at least ``every`` decisions, and long enough that probes cost at most
+    ``max_overhead`` of plain decoding's time: a probe scores ``size`` tokens more than a plain
+    round, (cost(1 + size) / cost(1) - 1) of a plain round more, so with ``cost`` (the round
+    costs the policy reads) the run is at least that extra over ``max_overhead``, minus one. Where
+    extra tokens are nearly free (native-bf16 CPUs: 5 tokens cost 1.03x one) this is ``every``;
+    where a forward's cost grows with its tokens (llama.cpp's quantized kernels: 5 tokens ~3x one)
+    probes become rare (~200 rounds apart) instead of costing a fifth of the time. Without
+    ``cost``: every ``every + 1`` rounds."""
 
     every: int = 8
     size: int = 4
+    max_overhead: float = 0.01
     plain_streak: int = 0
 
     def __post_init__(self):
-        if self.every < 1 or self.size < 1:
-            raise ConfigError(f"a probe schedule needs every >= 1 and size >= 1, got {self.every}, {self.size}")
+        if self.every < 1 or self.size < 1 or not self.max_overhead > 0:
+            raise ConfigError(f"a probe schedule needs every >= 1, size >= 1 and max_overhead > 0, got "
+                              f"{self.every}, {self.size}, {self.max_overhead}")
 
-    def due(self, speculating: bool) -> bool:
+    def run_length(self, cost: CostTable | None = None) -> int:
+        """Plain decisions in a row before a probe is due."""
+        if cost is None:
+            return self.every
+        table = cost.table(1 + self.size)
+        extra = max(0.0, float(table[-1] / table[0]) - 1.0)
+        return max(self.every, math.ceil(extra / self.max_overhead) - 1)
+
+    def due(self, speculating: bool, cost: CostTable | None = None) -> bool:
         """Called once per decision: True when this one should be a probe (and then restarts the count)."""
         if speculating:
             self.plain_streak = 0
             return False
-        if self.plain_streak >= self.every:
+        if self.plain_streak >= self.run_length(cost):
             self.plain_streak = 0
             return True
         self.plain_streak += 1

@@ -212,12 +212,12 @@ class TokenTreeDrafter:
             best = max((c.accept for c in root), default=0.0)
             if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
                 # grow_tree would keep the root alone while offering more (a root candidate scores > 0)
-                if not self.probes.due(False):
+                if not self.probes.due(False, cost):
                     return CandidateTree((token,), (-1,), (None,), (1.0,), 1.0)
                 tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
                 return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
             tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
-        if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1):
+        if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1, cost):
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
         return tree
 
