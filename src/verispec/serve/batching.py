@@ -52,6 +52,7 @@ from verispec.serve.workers import (
     TextDelta,
     Worker,
     decode_rounds,
+    drain_for_shutdown,
 )
 
 LOG = logging.getLogger(__name__)
@@ -133,18 +134,7 @@ class BatchScheduler:
         """Stop accepting; let queued and running requests finish for up to ``grace_seconds``; then
         stop the rest (running ones after their current round, queued ones never start: both fail
         with kind "shutdown") and join the loop."""
-        self._accepting = False
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and (self.queue_depth or self.busy_workers):
-            time.sleep(0.02)
-        self._abort.set()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                self._report(job, JobFailed("shutdown", "the server shut down before this request started"))
+        drain_for_shutdown(self, grace_seconds)
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=60)

@@ -167,6 +167,25 @@ class Worker:
         return decoder
 
 
+def drain_for_shutdown(scheduler, grace_seconds: float) -> None:
+    """The first half of a scheduler's shutdown (``WorkerPool`` and ``serve.batching``'s
+    ``BatchScheduler`` share it): stop accepting, let queued and running jobs finish for up to
+    ``grace_seconds``, then set the abort flag (running decodes stop after their current round)
+    and fail every job still queued with kind "shutdown"."""
+    scheduler._accepting = False
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and (scheduler.queue_depth or scheduler.busy_workers):
+        time.sleep(0.02)
+    scheduler._abort.set()
+    while True:
+        try:
+            job = scheduler._queue.get_nowait()
+        except queue.Empty:
+            return
+        if job is not None:
+            scheduler._report(job, JobFailed("shutdown", "the server shut down before this request started"))
+
+
 class WorkerPool:
     """N worker threads over a bounded queue of ``Job``s.
 
@@ -222,18 +241,7 @@ class WorkerPool:
         """Stop accepting; let queued and running jobs finish for up to ``grace_seconds``; then
         cancel what is left (running decodes stop after their current round, queued jobs fail
         with kind "shutdown") and join the threads."""
-        self._accepting = False
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and (self.queue_depth or self.busy_workers):
-            time.sleep(0.02)
-        self._abort.set()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                self._report(job, JobFailed("shutdown", "the server shut down before this request started"))
+        drain_for_shutdown(self, grace_seconds)
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
