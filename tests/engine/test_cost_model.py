@@ -14,6 +14,7 @@ from verispec.engine.cost_model import OnlineCostModel, prior_overhead_shape, pr
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
+from verispec.models.hf import HFModelAdapter
 
 CLS = ("adj", 3)
 PROMPT = [1, 2, 3, 4, 1, 2, 3]
@@ -228,3 +229,24 @@ def test_token_tree_shortcut_chooses_what_growing_would():
         drafter.observe_walk(tree, visited)
         drafter.commit([tree.tokens[n] for n in visited[1:]], int(generator.integers(1, 6)))
     assert 1 in sizes and max(sizes) > 1  # both kinds of rounds were compared
+
+
+def test_a_backend_prior_shapes_the_first_rounds_and_readings_still_rule():
+    """A target adapter's ``cost_prior`` (llama.cpp: nearly linear) is the model's prior: before any
+    reading the table follows it, so the first rounds are sized for that backend; readings move the
+    estimate away from it as from the shipped prior."""
+    linear = ((1, 1.0), (2, 2.0), (16, 16.0))
+    model = OnlineCostModel(prior_points=linear)
+    sizes = np.arange(1, 21)
+    np.testing.assert_allclose(model.table(20), sizes + prior_overhead_shape(sizes))
+    assert OnlineCostModel().table(16)[-1] < 2.0 < model.table(16)[-1] / 8  # the shipped prior: nearly flat
+    for _ in range(9):  # this machine: 8 tokens cost what 2 do by the prior
+        model.record(1, 0.01, 0.0001)
+        model.record(8, 0.02, 0.0001)
+    assert model.round_seconds(8) < 0.03
+
+    target = HFModelAdapter(tiny_llama(0))
+    target.cost_prior = linear  # what LlamaCppAdapter sets, on a torch adapter
+    decoder = SpeculativeDecoder(target, temperature=0, max_new_tokens=4, eos_token_id=[])
+    np.testing.assert_allclose(decoder.cost_model.table(20), sizes + prior_overhead_shape(sizes))
+    np.testing.assert_allclose(decoder.batch_cost_model.table(20), sizes + prior_overhead_shape(sizes))

@@ -67,11 +67,6 @@ def prior_overhead_shape(sizes) -> np.ndarray:
     return np.array([_prior_overhead_of(int(n)) for n in np.ravel(sizes)]).reshape(np.shape(sizes))
 
 
-def _prior_of(n: int) -> float:
-    """``prior_shape`` of one size, as a float (the per-reading loops stay in plain Python)."""
-    return float(_PRIOR_TABLE[n - 1]) if n <= _PRIOR_TABLE.size else float(prior_shape(n))
-
-
 def _prior_overhead_of(n: int) -> float:
     """Prior drafting + verification time of a round scoring n tokens, relative to one token."""
     return PRIOR_ROUND_OVERHEAD + (PRIOR_SPECULATION_OVERHEAD if n > 1 else 0.0) + PRIOR_NODE_OVERHEAD * (n - 1)
@@ -104,9 +99,16 @@ class OnlineCostModel:
     module docstring). ``learn=False`` freezes it at the prior (or at what it has learned so far),
     which makes every choice a function of past acceptance alone: the exact-law tests use it."""
 
-    def __init__(self, window: int = 9, prior_weight: int = 3, max_tokens: int = 4096, learn: bool = True):
+    def __init__(self, window: int = 9, prior_weight: int = 3, max_tokens: int = 4096, learn: bool = True,
+                 prior_points: tuple[tuple[int, float], ...] | None = None):
         if window < 1 or prior_weight < 0:
             raise ConfigError(f"the cost model needs window >= 1 and prior_weight >= 0, got {window}, {prior_weight}")
+        # the shape readings are measured against: the shipped curve, or a backend's own points
+        # (n, cost relative to n = 1; a target adapter's ``cost_prior``, e.g. llama.cpp's nearly
+        # linear one), so a process's first rounds are not sized for another machine while the
+        # buckets fill
+        self.prior = _PRIOR_CURVE if prior_points is None else CostCurve(tuple(prior_points), overhead=0.0)
+        self._prior_table = _PRIOR_TABLE if prior_points is None else self.prior.table(max(int(max_tokens), 2))
         self.window = int(window)
         self.prior_weight = int(prior_weight)
         self.learn = learn
@@ -133,13 +135,21 @@ class OnlineCostModel:
     # ----- estimates --------------------------------------------------------------------------
     def unit_seconds(self) -> float:
         """Seconds of a one-token target forward (1.0 before any reading: relative units)."""
-        implied = [s / _prior_of(n) for bucket in self.target_readings[1:] for n, s in bucket]
+        implied = [s / self._prior_of(n) for bucket in self.target_readings[1:] for n, s in bucket]
         plain = [s for _, s in self.target_readings[0]]
         if not plain and not implied:
             return 1.0
         if not plain:
             return median(implied)
         return median(plain + ([median(implied)] * self.prior_weight if implied else []))
+
+    def _prior_of(self, n: int) -> float:
+        """The prior cost of a forward over ``n`` tokens relative to one token."""
+        return float(self._prior_table[n - 1]) if n <= self._prior_table.size else float(self.prior(n))
+
+    def _prior_shape(self, sizes: np.ndarray) -> np.ndarray:
+        largest = int(sizes.max(initial=1))
+        return self._prior_table[sizes - 1] if largest <= self._prior_table.size else self.prior.table(largest)[sizes - 1]
 
     def _log_ratios(self, readings, shape, unit: float) -> np.ndarray:
         """Per bucket: median log(reading / (unit x shape(n))) with prior_weight zeros; NaN where unobserved."""
@@ -163,7 +173,7 @@ class OnlineCostModel:
         """(unit, target log ratios, overhead log ratios) per bucket, recomputed after a reading."""
         if self._estimates is None:
             unit = self.unit_seconds()
-            target_ratio = self._fill(self._log_ratios(self.target_readings, _prior_of, unit))
+            target_ratio = self._fill(self._log_ratios(self.target_readings, self._prior_of, unit))
             target_ratio[0] = 0.0  # bucket 0 is the unit itself
             overhead_ratio = self._fill(self._log_ratios(self.overhead_readings, _prior_overhead_of, unit))
             self._estimates = (unit, target_ratio, overhead_ratio)
@@ -175,7 +185,7 @@ class OnlineCostModel:
         unit, target_ratio, overhead_ratio = self._current()
         sizes = np.arange(1, int(n_max) + 1)
         buckets = np.minimum(np.ceil(np.log2(sizes)).astype(int), self.buckets - 1)  # size_bucket, vectorised
-        return unit * (prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
+        return unit * (self._prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
 
     def round_seconds(self, scored_tokens: int) -> float:
         """Predicted seconds of a round scoring ``scored_tokens`` tokens."""

@@ -212,9 +212,11 @@ class SpeculativeDecoder(TextDecoding):
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
         self.step_callback = step_callback
         # the round timings every size policy reads; persists across prompts (it describes the machine)
-        self.cost_model = OnlineCostModel() if cost_model is None else cost_model
+        # a backend whose forwards cost differently from the shipped prior curve says so (cost_prior)
+        prior = getattr(self.target, "cost_prior", None)
+        self.cost_model = OnlineCostModel(prior_points=prior) if cost_model is None else cost_model
         # generate_batch's: total tokens scored by one batched forward (all sequences) -> seconds
-        self.batch_cost_model = OnlineCostModel()
+        self.batch_cost_model = OnlineCostModel(prior_points=prior)
         # set by a batch: chain gains -> (scored tokens, decision), instead of choosing L alone
         self.chain_planner = None
         self.adaptive_draft_len = draft_len is None and self._chain_len_adapts(tree)

@@ -244,6 +244,11 @@ class LlamaCppAdapter(RoundState):
     """
 
     backend = "llamacpp"
+    # the engine's cost-model prior (n, cost relative to one token): llama.cpp's quantized CPU
+    # kernels make a forward's cost grow nearly linearly with its tokens (default target, 1 thread:
+    # 1 / 1.8 / 3.0 / 5.1 / 9.6 for n = 1 / 2 / 4 / 8 / 16 on a Zen 4 CPU, 8.5 at n = 16 on an Intel
+    # Xeon); the online model learns the machine's own curve from there
+    cost_prior = ((1, 1.0), (2, 1.8), (4, 3.0), (8, 5.1), (16, 9.6))
     features_supported = False  # no hidden states: draft heads are refused
     feature_layers = None
 
