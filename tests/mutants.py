@@ -537,6 +537,18 @@ MUTANTS += [
         ("tests/engine/test_batch_budget.py",),
     ),
     Mutant(
+        "probe_ignores_its_cost",
+        "probes come every + 1 rounds apart whatever a probe costs (where forwards cost linearly they take a fifth of the time)",
+        (("draft/tree_policy.py", "        return max(self.every, math.ceil(extra / self.max_overhead) - 1)", "        return self.every"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
+        "cost_prior_ignored",
+        "the decoder ignores its target's cost prior (llama.cpp's first rounds are sized as if extra tokens were free)",
+        (("engine/decoder.py", '        prior = getattr(self.target, "cost_prior", None)', "        prior = None"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
         "top_p_after_the_draw",
         "the Gumbel-max is taken over the row before top-p; a token outside the nucleus is replaced by the argmax",
         ((NOISE, "    ids, probs = rows.support(node)\n    return gumbel_max(ids, probs, noise, position)",
