@@ -78,11 +78,16 @@ def _fresh_row(kind, draft, sequence):
         return logits_to_probs(draft(torch.tensor([list(sequence)])).logits[0, -1:], params)[0]
 
 
+NEW_TOKENS = 100
+
+
 @pytest.mark.parametrize("kind", ["ngram", "model", "head"])
 def test_drafters_stay_in_sync_across_plain_rounds(kind):
     """L = 0 rounds (the policy's plain rounds) tell the drafter the emitted token: after a run that
     mixes them with L = 2 rounds, the drafter holds the emitted sequence and its next q equals a
-    from-scratch computation over it, and the greedy text is plain decoding's."""
+    from-scratch computation over it, and the greedy text is plain decoding's. 100 tokens: with these
+    costs a probe (L = 2 after a run of plain rounds) costs 0.6 plain rounds, so probes come ~60
+    plain rounds apart (at most 1% of plain decoding's time)."""
     from tests.engine.test_head_drafter import pair
     from tests.engine.tiny import tiny_llama
 
@@ -91,18 +96,18 @@ def test_drafters_stay_in_sync_across_plain_rounds(kind):
     prompt = [1, 5, 2, 7, 3, 0]
     costs = FixedCosts()
     decoder = SpeculativeDecoder(
-        target, draft, method="sd", max_draft_len=2, temperature=0, draft_temperature=1.0, max_new_tokens=40,
+        target, draft, method="sd", max_draft_len=2, temperature=0, draft_temperature=1.0, max_new_tokens=NEW_TOKENS,
         eos_token_id=[], cost_model=costs,
     )
     output = decoder.generate(prompt)
-    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=40, eos_token_id=[]).generate(prompt)
+    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=NEW_TOKENS, eos_token_id=[]).generate(prompt)
     assert output.token_ids == plain.token_ids
     lengths = [step.policy.draft_len for step in output.steps]
     assert any(a == 0 and b > 0 for a, b in zip(lengths, lengths[1:]))  # drafting resumed after a plain round
     # the drafter's committed sequence: the emitted tokens, plus those the max_new_tokens cut dropped
     committed = {"ngram": lambda d: d.model.context.tolist(), "model": lambda d: d.adapter.tokens(), "head": lambda d: d._tokens}
     sequence = [int(t) for t in committed[kind](decoder.drafter)]
-    assert sequence[: len(prompt) + 40] == prompt + output.token_ids
+    assert sequence[: len(prompt) + NEW_TOKENS] == prompt + output.token_ids
     if kind != "ngram":
         row = decoder.drafter.begin_round()(())
         np.testing.assert_allclose(row, _fresh_row(kind, (target, head) if kind == "head" else draft, sequence), atol=1e-4)
