@@ -46,12 +46,6 @@ def add_serve_parser(sub, add_model_flags, int_list) -> None:
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # = serve.requests.DEFAULT_MAX_REQUEST_BYTES (not imported: it pulls in torch)
 
 
-def default_method(draft: str | None) -> str:
-    """The engine's default rule for the server's draft (as ``SpeculativeDecoder(method=None)``):
-    q-free over the token trees (no --draft, or --draft tree), else the drafter-invariant chain rule."""
-    return "qfree" if draft in (None, "tree") else "gumbel"
-
-
 def served_name(target: str | None) -> str:
     from verispec.models.default import DEFAULT_NAME
 
@@ -77,6 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from verispec.cli.generate import load_pair
+    from verispec.engine.decoder import default_method
     from verispec.errors import ConfigError
     from verispec.serve.requests import ServerConfig
     from verispec.serve.launch import build_server
@@ -96,7 +91,7 @@ def run_serve(args: argparse.Namespace) -> int:
     tree = tuple(args.tree) if args.tree else None
     config = ServerConfig(
         model_name=args.served_model_name or served_name(args.target),
-        method=args.method or default_method(args.draft),
+        method=args.method or default_method(args.draft),  # the engine's: qfree over token trees, else gumbel
         # a tree sets the largest shape too: its depth is L, its widest level bounds K
         num_drafts=max(args.num_drafts, max(tree)) if tree else args.num_drafts,
         draft_len=len(tree) if tree else args.draft_len,

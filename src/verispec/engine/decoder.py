@@ -207,7 +207,7 @@ class SpeculativeDecoder(TextDecoding):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
         if method is None:
-            method = "qfree" if _is_token_tree(draft) else "gumbel"
+            method = default_method(draft)
         self.method = method
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
         self.step_callback = step_callback
@@ -587,6 +587,12 @@ class SpeculativeDecoder(TextDecoding):
         if result.modification is not None:
             windows = windows + (result.modification,)
         return windows
+
+
+def default_method(draft) -> str:
+    """The rule used when none is given (``method=None``; the server's default too): q-free over
+    the token trees, else the drafter-invariant chain rule ``gumbel``."""
+    return "qfree" if _is_token_tree(draft) else "gumbel"
 
 
 def _is_token_tree(draft) -> bool:
