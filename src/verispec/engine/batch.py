@@ -168,7 +168,7 @@ class BatchDecoder:
             return token_tree_copy(drafter)
         return None if drafter is None else "ngram"
 
-    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop, planned: bool = False, cost_model=None):
+    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop, cost_model=None):
         """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``."""
         parent = self.decoder
         params, draft_params = parent.params, parent.draft_params
@@ -191,9 +191,7 @@ class BatchDecoder:
             eos_token_id=sorted(parent.eos_ids),
             stop=parent.stop if stop is None else stop,
             seed=parent.seed if seed is None else seed,
-            # planned by the batch budget: its own timings would time the whole batched round (and
-            # its trees are cut by the batch's cost model), so it learns none
-            cost_model=OnlineCostModel(learn=False) if planned else cost_model,
+            cost_model=cost_model,
         )
         decoder.spec = parent.spec  # the parent's rule object itself (it may be set directly, e.g. a control)
         if isinstance(parent.drafter, NGramDrafter):
@@ -238,7 +236,7 @@ class BatchDecoder:
     def _start(self, seq: _Sequence, settings, planned: bool) -> None:
         seq.slot = self.runner.open(wait=lambda: self._pause(seq))
         try:
-            seq.decoder = self._sequence_decoder(HFModelAdapter(self.decoder.target.model, runner=seq.slot), *settings, planned)
+            seq.decoder = self._sequence_decoder(HFModelAdapter(self.decoder.target.model, runner=seq.slot), *settings)
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
@@ -249,7 +247,9 @@ class BatchDecoder:
 
     def _plan_by_budget(self, seq: _Sequence) -> None:
         """Let the batch budget size ``seq``'s rounds: its token trees or adaptive chain offer their
-        candidates to the scheduler (``_offer``) instead of choosing alone."""
+        candidates to the scheduler (``_offer``) instead of choosing alone. Its own cost model is
+        frozen: its timings would time the whole batched round, whose cost the batch's model learns."""
+        seq.decoder.cost_model = OnlineCostModel(learn=False)
         if isinstance(seq.decoder.drafter, TokenTreeDrafter):
             seq.decoder.drafter.planner = lambda offered: self._offer(seq, offered.scores[1:])
         elif seq.decoder.adaptive_draft_len:

@@ -46,7 +46,6 @@ from typing import Any
 import torch
 
 from verispec.engine.batch import BatchDecoder, BudgetPolicy, _Aborted, _Sequence, token_tree_copy
-from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
 from verispec.models.batch_runner import BatchedLlamaRunner
@@ -180,8 +179,6 @@ class ContinuousBatch(BatchDecoder):
             seq.error, seq.done = str(error), True
             return
         if self.budget is None:
-            # the batch's cost model sizes its rounds; its own would time the whole batched forward
-            seq.decoder.cost_model = OnlineCostModel(learn=False)
             self._plan_by_budget(seq)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")
         seq.thread.start()
