@@ -47,12 +47,11 @@ from verispec.serve.workers import (
     JobEvent,
     JobFailed,
     JobFinished,
-    QueueFull,
-    ShuttingDown,
     TextDelta,
     Worker,
     decode_rounds,
     drain_for_shutdown,
+    queue_job,
 )
 
 LOG = logging.getLogger(__name__)
@@ -143,13 +142,7 @@ class BatchScheduler:
     # ---------------------------------------------------------------- submit
     def submit(self, job: Job) -> None:
         """Queue a job or raise ``QueueFull`` / ``ShuttingDown`` at once (never blocks)."""
-        if not self._accepting:
-            raise ShuttingDown("the server is shutting down")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            waiting = self.max_queue + self.max_batch
-            raise QueueFull(max(1, math.ceil(self._mean_seconds * waiting / self.max_batch))) from None
+        queue_job(self, job, slots=self.max_batch)
 
     def check(self, settings: DecodeSettings) -> None:
         """Raise ``ConfigError`` if ``settings`` cannot make a decoder (bad method / shape)."""

@@ -167,6 +167,20 @@ class Worker:
         return decoder
 
 
+def queue_job(scheduler, job: Job, slots: int) -> None:
+    """A scheduler's ``submit`` (``WorkerPool`` and ``BatchScheduler`` share it): queue ``job`` or
+    raise at once, never block: ``ShuttingDown`` once it stops accepting, ``QueueFull`` when the
+    queue is full, with Retry-After = the running mean decode time x (queue + slots) / slots, where
+    ``slots`` requests are decoded at once."""
+    if not scheduler._accepting:
+        raise ShuttingDown("the server is shutting down")
+    try:
+        scheduler._queue.put_nowait(job)
+    except queue.Full:
+        waiting = scheduler.max_queue + slots
+        raise QueueFull(max(1, math.ceil(scheduler._mean_seconds * waiting / slots))) from None
+
+
 def drain_for_shutdown(scheduler, grace_seconds: float) -> None:
     """The first half of a scheduler's shutdown (``WorkerPool`` and ``serve.batching``'s
     ``BatchScheduler`` share it): stop accepting, let queued and running jobs finish for up to
@@ -251,13 +265,7 @@ class WorkerPool:
     # ---------------------------------------------------------------- submit
     def submit(self, job: Job) -> None:
         """Queue a job or raise ``QueueFull`` / ``ShuttingDown`` at once (never blocks)."""
-        if not self._accepting:
-            raise ShuttingDown("the server is shutting down")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            waiting = self.max_queue + len(self.workers)
-            raise QueueFull(max(1, math.ceil(self._mean_seconds * waiting / len(self.workers)))) from None
+        queue_job(self, job, slots=len(self.workers))
 
     def check(self, settings: DecodeSettings) -> None:
         """Raise ``ConfigError`` if ``settings`` cannot make a decoder (bad method / shape).
