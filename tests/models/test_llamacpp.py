@@ -288,16 +288,21 @@ GREEDY_PROMPTS = ["Write a Python function that returns the n-th Fibonacci numbe
 GREEDY_TOKENS = 20
 
 
-@pytest.fixture(scope="module")
-def default_gguf():
+def greedy_references(name: str):
+    """(llama.cpp target ``name``, GREEDY_PROMPTS as its token ids, plain greedy llama.cpp output of each)."""
     from verispec.models.default import encode_prompt
     from verispec.models.llamacpp import load_gguf_tokenizer, load_llamacpp_adapter
 
-    tokenizer = load_gguf_tokenizer("default")
-    target = load_llamacpp_adapter("default", n_threads=1)
+    tokenizer = load_gguf_tokenizer(name)
+    target = load_llamacpp_adapter(name, n_threads=1)
     prompts = [encode_prompt(tokenizer, text) for text in GREEDY_PROMPTS]
     plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     return target, prompts, [plain.generate(ids).token_ids for ids in prompts]
+
+
+@pytest.fixture(scope="module")
+def default_gguf():
+    return greedy_references("default")
 
 
 @pytest.mark.slow
@@ -400,14 +405,7 @@ def gemma_gguf():
     reason = gemma_available()
     if reason is not None:
         pytest.skip(reason)
-    from verispec.models.default import encode_prompt
-    from verispec.models.llamacpp import load_gguf_tokenizer, load_llamacpp_adapter
-
-    tokenizer = load_gguf_tokenizer("gemma3-270m")
-    target = load_llamacpp_adapter("gemma3-270m", n_threads=1)
-    prompts = [encode_prompt(tokenizer, text) for text in GREEDY_PROMPTS]
-    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
-    return target, prompts, [plain.generate(ids).token_ids for ids in prompts]
+    return greedy_references("gemma3-270m")
 
 
 @pytest.mark.slow
