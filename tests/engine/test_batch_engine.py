@@ -213,9 +213,17 @@ def test_bad_batch_arguments_are_clear_errors():
     with pytest.raises(ConfigError, match="token-tree draft only"):
         decoder.generate_batch(PROMPTS, budget=lambda s: [None] * len(s))
     model = tiny_target()
-    neural = SpeculativeDecoder(model, tiny_llama(5, vocab_size=VOCAB, layers=1).double(), method="sd")
-    with pytest.raises(ConfigError, match="cannot batch yet"):
-        neural.generate_batch(PROMPTS)
+    from tests.engine.test_head_drafter import tiny_head
+    from verispec.models.hf import HFModelAdapter
+
+    deep = tiny_llama(3, vocab_size=VOCAB, layers=5)
+    headed = SpeculativeDecoder(deep, tiny_head(deep, list(range(VOCAB))), method="sd")
+    with pytest.raises(ConfigError, match=r"draft head\) cannot batch yet"):
+        headed.generate_batch(PROMPTS)
+    model = tiny_target()
+    transformers_draft = HFModelAdapter(tiny_llama(5, vocab_size=VOCAB, layers=1).double(), backend="transformers")
+    with pytest.raises(ConfigError, match="batched draft model runs on the native Llama runner; this draft runs on TransformersRunner"):
+        SpeculativeDecoder(model, transformers_draft, method="sd").generate_batch(PROMPTS)
     transformers_target = SpeculativeDecoder(model, method="ar", backend="transformers")
     with pytest.raises(ConfigError, match="transformers forward cannot batch"):
         BatchDecoder(transformers_target)

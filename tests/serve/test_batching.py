@@ -170,12 +170,43 @@ def test_bad_prompts_are_refused_alone(shared):
     assert good["usage"]["completion_tokens"] == 16
 
 
-def test_a_draft_model_request_is_served_beside_the_batch(tiny_pair, tokenizer):
-    """A draft model cannot share the batched forward: its requests are decoded on the side
-    worker, with the same text as the worker design gives them."""
-    handle, pool = batch_server(tiny_pair, tokenizer, draft=tiny_pair[1], method="sd")
+def transformers_draft(tiny_pair):
+    """The tiny draft model on the transformers forward, which the batched runner cannot run."""
+    from verispec.models.hf import HFModelAdapter
+
+    return HFModelAdapter(tiny_pair[1], backend="transformers")
+
+
+def test_a_draft_model_request_joins_the_batch(tiny_pair, tokenizer):
+    """A draft model on the native runner shares the batch: its requests' draft forwards are
+    packed into one forward of the batched draft runner, their target forwards into the batch's;
+    each gives the text the worker design gives it alone (sd, L = 4, seeded), and the rounds
+    are shared (fewer batched rounds than the requests' rounds together)."""
+    handle, pool = batch_server(tiny_pair, tokenizer, draft=tiny_pair[1], method="sd", max_batch=4)
     workers, _ = start_server(tiny_pair, tokenizer, workers=1, method="sd")
     try:
+        assert pool.batch.draft_batches
+        fields = {"seed": 9, "max_tokens": 12}
+        with ThreadPoolExecutor(3) as executor:
+            answers = list(executor.map(lambda p: complete(handle.url, p, **fields), PROMPTS[:3]))
+        assert all(a["speculative"]["worker"] == 0 and a["usage"]["completion_tokens"] == 12 for a in answers)
+        assert [a["choices"][0]["text"] for a in answers] == [complete(workers.url, p, **fields)["choices"][0]["text"] for p in PROMPTS[:3]]
+        assert pool.batch.draft_runner is not None and pool.batch.draft_runner.slots == []
+        plain = complete(handle.url, PROMPTS[0], speculative={"method": "ar"}, **fields)
+        assert plain["speculative"]["worker"] == 0
+    finally:
+        handle.stop()
+        workers.stop()
+
+
+def test_a_draft_model_off_the_native_runner_is_served_beside_the_batch(tiny_pair, tokenizer):
+    """A draft model on the transformers forward cannot share a batched forward: its requests are
+    decoded on the side worker, with the same text as the worker design gives them."""
+    draft = transformers_draft(tiny_pair)
+    handle, pool = batch_server(tiny_pair, tokenizer, draft=draft, method="sd")
+    workers, _ = start_server((tiny_pair[0], draft), tokenizer, workers=1, method="sd")
+    try:
+        assert not pool.batch.draft_batches
         fields = {"seed": 9, "max_tokens": 12}
         with ThreadPoolExecutor(3) as executor:
             answers = list(executor.map(lambda p: complete(handle.url, p, **fields), PROMPTS[:3]))
@@ -224,7 +255,7 @@ def test_qfree_requests_default_to_one_draft_under_a_server_k_of_one():
 
 
 def test_a_side_request_whose_client_left_while_waiting_never_starts(tiny_pair, tokenizer, events):
-    handle, pool = batch_server(tiny_pair, tokenizer, events, draft=tiny_pair[1], method="sd")
+    handle, pool = batch_server(tiny_pair, tokenizer, events, draft=transformers_draft(tiny_pair), method="sd")
     on_round = pool._on_round
 
     def slow_round(running, output):  # the tiny pair decodes 3000 tokens in a second or two: slow it down

@@ -28,8 +28,15 @@ than the context) ends with stop_reason "error" and its message; the others stil
 sequence reaching the context limit stops with "context" as it would alone.
 
 Drafts: the token trees (each sequence its own copy of the decoder's drafter, sharing its
-adjacency table and acceptance estimates) and the n-gram draft batch; draft models and heads do not yet
-(ConfigError). Timing: a sequence's ``seconds`` is the batch's wall time until it finished, and
+adjacency table and acceptance estimates), the n-gram draft and a draft model batch; heads do not yet
+(ConfigError). A draft model runs like the target: a second ``BatchedLlamaRunner`` over the draft's
+native runner, each sequence's draft adapter on one of its slots. A sequence pauses at whichever
+forward it queues; once every sequence is paused, the draft forward runs first for those waiting on
+it (one packed forward, the others keep waiting at the target), again until no sequence waits on the
+draft, and only then the target forward: a sequence drafting a shorter chain simply waits at the
+target while the others draft on. The draft forwards of a round are timed inside the round's
+overhead, which the batch cost model learns per total of scored tokens, so the budget prices a
+chain's draft tokens with its target tokens. Timing: a sequence's ``seconds`` is the batch's wall time until it finished, and
 each step's ``target_seconds`` the wall time its forward took including the turns of the other
 sequences of that round.
 
@@ -65,7 +72,7 @@ from verispec.engine.batch_budget import (  # noqa: F401  (re-exported: the batc
 from verispec.engine.checks import check_max_new_tokens, check_stop_strings
 from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.results import GenerationOutput
-from verispec.engine.drafters import NGramDrafter, TokenTreeDrafter
+from verispec.engine.drafters import ModelDrafter, NGramDrafter, TokenTreeDrafter
 from verispec.errors import ConfigError
 from verispec.models.batch_runner import BatchedLlamaRunner, SlotRunner
 from verispec.models.hf import HFModelAdapter
@@ -92,6 +99,8 @@ class _Sequence:
     decoder: Any = None  # this sequence's own SpeculativeDecoder
     rng: Rng | None = None
     slot: SlotRunner | None = None
+    draft_slot: SlotRunner | None = None  # its slot of the batched draft runner (a draft model)
+    waits_on: str | None = None  # "draft" or "target": the runner whose flush it waits for
     thread: threading.Thread | None = None
     turn: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     done: bool = False
@@ -137,11 +146,11 @@ class BatchDecoder:
         if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
             raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         drafter = decoder.drafter
-        if drafter is not None and not isinstance(drafter, (TokenTreeDrafter, NGramDrafter)):
+        if drafter is not None and not isinstance(drafter, (TokenTreeDrafter, NGramDrafter, ModelDrafter)):
             raise ConfigError(
-                f"batched decoding drafts with the token trees or the n-gram draft; the {type(drafter).__name__} "
-                f"draft (a draft model or head) cannot batch yet: use draft='tree' or draft='ngram', or decode one "
-                "prompt at a time with generate"
+                f"batched decoding drafts with the token trees, the n-gram draft or a draft model; the "
+                f"{type(drafter).__name__} draft (a draft head) cannot batch yet: use draft='tree', 'ngram' or a "
+                "draft model, or decode one prompt at a time with generate"
             )
         if getattr(decoder.target, "backend", None) == "llamacpp":
             raise ConfigError("batched decoding is not built for the llamacpp backend yet: decode one prompt at a time "
@@ -155,27 +164,63 @@ class BatchDecoder:
         self._base_runner = decoder.target.runner
         BatchedLlamaRunner.check_base(self._base_runner)
         self.runner: BatchedLlamaRunner | None = None
+        self._draft_base = None  # the draft model's native runner, whose weights the draft forwards batch
+        self.draft_runner: BatchedLlamaRunner | None = None
+        if isinstance(drafter, ModelDrafter):
+            self._use_draft(drafter.adapter)
         self._lock = threading.Semaphore(0)  # the scheduler's turn
         self._aborted = False
 
+    def _use_draft(self, draft) -> None:
+        """Batch the forwards of the draft model ``draft`` (its ``HFModelAdapter``): ConfigError
+        unless it runs on the native Llama runner."""
+        runner = getattr(draft, "runner", None)
+        try:
+            BatchedLlamaRunner.check_base(runner)
+        except ConfigError:
+            raise ConfigError(
+                f"a batched draft model runs on the native Llama runner; this draft runs on {type(runner).__name__}: "
+                "use a Llama-architecture draft on backend 'auto' or 'native', or decode one prompt at a time with generate"
+            ) from None
+        self._draft_base = runner
+
+    @property
+    def draft_batches(self) -> bool:
+        """Whether this batch runs a draft model's forwards batched."""
+        return self._draft_base is not None
+
     # ----- per-sequence decoders ------------------------------------------------------------
-    def _drafter(self):
+    def _drafter(self, seq: _Sequence):
         """The sequence's own drafter: a token-tree drafter with its own context index
         (``token_tree_copy``: adjacency table and acceptance estimates shared, updated in the
-        batch's fixed turn order, so runs stay deterministic); the n-gram draft; or none (plain)."""
+        batch's fixed turn order, so runs stay deterministic); the n-gram draft; the draft model on
+        the sequence's draft slot (its ``ModelDrafter`` is made by the decoder, with its own
+        sampling parameters); or none (plain)."""
         drafter = self.decoder.drafter
         if isinstance(drafter, TokenTreeDrafter):
             return token_tree_copy(drafter)
+        if isinstance(drafter, ModelDrafter):
+            return self._draft_adapter(seq)
         return None if drafter is None else "ngram"
 
-    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop, cost_model=None):
-        """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``."""
+    def _draft_adapter(self, seq: _Sequence) -> HFModelAdapter:
+        """A draft adapter for ``seq`` on a new slot of the batched draft runner."""
+        if self.draft_runner is None:
+            self.draft_runner = BatchedLlamaRunner(self._draft_base, initial_slots=self.max_batch)
+        seq.draft_slot = self.draft_runner.open(wait=lambda: self._pause(seq, "draft"))
+        return HFModelAdapter(self._draft_base.model, runner=seq.draft_slot)
+
+    def _sequence_decoder(self, adapter, seed, max_new_tokens, temperature, stop, cost_model=None, draft=None):
+        """The decoder of one sequence: the parent's settings with this sequence's own, on ``adapter``
+        (target) and ``draft`` (its drafter, ``_drafter``; None: the parent's own drafter, alone)."""
         parent = self.decoder
         params, draft_params = parent.params, parent.draft_params
+        if draft is None and parent.drafter is not None:
+            draft = parent.drafter.adapter if isinstance(parent.drafter, ModelDrafter) else self._drafter(None)
         # the parent's own class (not imported: engine.decoder imports this module for generate_batch)
         decoder = type(parent)(
             adapter,
-            self._drafter(),
+            draft,
             tokenizer=parent.tokenizer,
             method=parent.method,
             num_drafts=parent.num_drafts,
@@ -199,10 +244,13 @@ class BatchDecoder:
         return decoder
 
     # ----- turns ---------------------------------------------------------------------------
-    def _pause(self, seq: _Sequence) -> None:
-        """Called in ``seq``'s thread once its forward is queued: hand the turn back, wait for the next."""
+    def _pause(self, seq: _Sequence, waits_on: str | None = None) -> None:
+        """Called in ``seq``'s thread once its forward is queued (``waits_on``: "target" or "draft",
+        the runner it was queued on; None: an offer): hand the turn back, wait for the next."""
+        seq.waits_on = waits_on
         self._lock.release()
         seq.turn.acquire()
+        seq.waits_on = None
         if self._aborted:
             raise _Aborted
 
@@ -234,9 +282,10 @@ class BatchDecoder:
         self._lock.acquire()
 
     def _start(self, seq: _Sequence, settings, planned: bool) -> None:
-        seq.slot = self.runner.open(wait=lambda: self._pause(seq))
+        seq.slot = self.runner.open(wait=lambda: self._pause(seq, "target"))
         try:
-            seq.decoder = self._sequence_decoder(HFModelAdapter(self.decoder.target.model, runner=seq.slot), *settings)
+            target = HFModelAdapter(self.decoder.target.model, runner=seq.slot)
+            seq.decoder = self._sequence_decoder(target, *settings, draft=self._drafter(seq))
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
@@ -258,7 +307,13 @@ class BatchDecoder:
     def _finish(self, seq: _Sequence) -> None:
         if seq.thread is not None:
             seq.thread.join()
+        self._close_slots(seq)
+
+    def _close_slots(self, seq: _Sequence) -> None:
         self.runner.close(seq.slot)
+        if seq.draft_slot is not None:
+            self.draft_runner.close(seq.draft_slot)
+            seq.draft_slot = None
 
     # ----- the loop ------------------------------------------------------------------------
     def generate(
@@ -317,12 +372,7 @@ class BatchDecoder:
                     running.append(seq)
                 if not planned:
                     self._apply_budget(budget, running)
-                for seq in running:  # each runs to its offer (planned trees) or its forward
-                    if not seq.done:
-                        self._give_turn(seq)
-                self._raise_failure(running)
-                plan = self._plan_round(running) if planned else None
-                self._raise_failure(running)
+                plan = self._run_turns(running, planned)
                 for seq in [s for s in running if s.done]:
                     self._finish(seq)
                     running.remove(seq)
@@ -339,10 +389,35 @@ class BatchDecoder:
             if seq.exception is not None:
                 raise seq.exception
 
+    def _run_turns(self, running: list[_Sequence], planned: bool, check=None) -> BatchRoundDecision | None:
+        """One round's turns up to its target forward: every live sequence runs (in batch order)
+        to its offer or its next forward; then, while any sequence waits, the draft runner is
+        flushed for those waiting on it (the others keep waiting at the target) and they run on,
+        or, once none waits on the draft, the offers are planned (``_plan_round``). Returns the
+        plan when all wait at the target (or are done). ``check(running)`` runs after each pass
+        (default: re-raise a sequence's unexpected error)."""
+        check = self._raise_failure if check is None else check
+        turns = [seq for seq in running if not seq.done]
+        plan = None
+        while turns:
+            for seq in turns:  # each runs to its offer, its draft forward or its target forward
+                self._give_turn(seq)
+            check(running)
+            drafting = [seq for seq in running if not seq.done and seq.waits_on == "draft"]
+            if drafting:
+                self.draft_runner.flush()
+                turns = drafting
+            elif planned and any(not s.done and s.offer is not None for s in running):
+                plan = self._plan_round(running)
+                turns = [seq for seq in running if seq.share is not None]
+            else:
+                turns = []
+        return plan
+
     def _plan_round(self, running: list[_Sequence]) -> BatchRoundDecision | None:
-        """Split this round's forward between the sequences waiting with an offer, then let each
-        draft its share up to its forward. Tokens already queued (a joining sequence's prompt)
-        count in the forward's cost."""
+        """Split this round's forward between the sequences waiting with an offer, giving each
+        its share (it drafts it in its next turn, ``_run_turns``). Tokens already queued (a
+        joining sequence's prompt) count in the forward's cost."""
         offering = [s for s in running if not s.done and s.offer is not None]
         if not offering:
             return None
@@ -350,7 +425,6 @@ class BatchDecoder:
         plan = split_scored_tokens(offers, self.decoder.batch_cost_model, self.runner.pending_tokens)
         for seq, nodes in zip(offering, plan.nodes):
             seq.offer, seq.share = None, (nodes, plan)
-            self._give_turn(seq)
         return plan
 
     def _flush(self, plan: BatchRoundDecision | None, round_start: float) -> float:
@@ -401,12 +475,14 @@ class BatchDecoder:
     def _abort(self, running: list[_Sequence]) -> None:
         """Stop every paused sequence (they raise ``_Aborted`` in their thread) and free the slots."""
         self._aborted = True
-        self.runner.discard_queued()
+        for runner in (self.runner, self.draft_runner):
+            if runner is not None:
+                runner.discard_queued()
         for seq in running:
             if not seq.done and seq.thread is not None:
                 seq.turn.release()
                 seq.thread.join()
-            self.runner.close(seq.slot)
+            self._close_slots(seq)
 
     def _output(self, seq: _Sequence, seconds: float) -> BatchGenerationOutput:
         decoder = self.decoder

@@ -63,7 +63,8 @@ class BatchSequence(_Sequence):
     (``cancel`` or ``on_round``); exception: an unexpected error raised by its code; rounds: rounds
     decoded; added_at / started_at / finished_at: ``time.perf_counter()`` stamps."""
 
-    make_decoder: Callable[[HFModelAdapter], Any] | None = None
+    make_decoder: Callable[..., Any] | None = None
+    drafts: bool = False  # its decoder drafts with the batch's draft model (on a draft slot)
     on_round: RoundHook | None = None
     stop_request: str | None = None
     stopped: str | None = None
@@ -87,8 +88,11 @@ class ContinuousBatch(BatchDecoder):
     token-tree sequence's tree (``drafter_choice``: each drafter's own choice). Not thread-safe: one
     thread calls ``add`` / ``cancel`` / ``step`` (a server's scheduler loop)."""
 
-    def __init__(self, decoder, max_batch: int = 8, threads: int | None = None, budget: BudgetPolicy | None = None):
+    def __init__(self, decoder, max_batch: int = 8, threads: int | None = None, budget: BudgetPolicy | None = None,
+                 draft=None):
         super().__init__(decoder, max_batch=max_batch)
+        if draft is not None:
+            self._use_draft(draft)
         self.threads = threads
         self.budget = budget
         self.waiting: list[BatchSequence] = []
@@ -102,11 +106,18 @@ class ContinuousBatch(BatchDecoder):
         """Sequences waiting or running."""
         return len(self.waiting) + len(self.running)
 
-    def add(self, make_decoder: Callable[[HFModelAdapter], Any], prompt, rng=None, on_round: RoundHook | None = None) -> BatchSequence:
+    def add(self, make_decoder: Callable[..., Any], prompt, rng=None, on_round: RoundHook | None = None,
+            drafts: bool = False) -> BatchSequence:
         """Queue a sequence; it starts at the next ``step`` with a free slot. ``make_decoder(target)``
-        returns its ``SpeculativeDecoder`` over ``target`` (its slot's adapter); ``prompt``: text or
-        token ids; ``rng``: an ``Rng`` (default: the decoder's seeded draws)."""
-        seq = BatchSequence(next(self._numbers), prompt, rng=rng, make_decoder=make_decoder, on_round=on_round)
+        returns its ``SpeculativeDecoder`` over ``target`` (its slot's adapter); with ``drafts``
+        (a batch made with ``draft=``) ``make_decoder(target, draft)``, ``draft`` its adapter on a
+        slot of the batched draft runner; ``prompt``: text or token ids; ``rng``: an ``Rng``
+        (default: the decoder's seeded draws)."""
+        if drafts and self._draft_base is None:
+            raise ConfigError("this batch has no draft model to batch (make it with ContinuousBatch(..., draft=adapter)); "
+                              "add the sequence with drafts=False")
+        seq = BatchSequence(next(self._numbers), prompt, rng=rng, make_decoder=make_decoder, on_round=on_round,
+                            drafts=drafts)
         self.waiting.append(seq)
         return seq
 
@@ -145,10 +156,9 @@ class ContinuousBatch(BatchDecoder):
         try:
             if self.budget is not None:
                 self._apply_budget(self.budget, [s for s in self.running if isinstance(getattr(s.decoder, "drafter", None), TokenTreeDrafter)])
-            for seq in self.running:  # each runs to its offer (budgeted sizes) or its forward
-                if not seq.done:
-                    self._give_turn(seq)
-            plan = self._plan_round(self.running) if self.budget is None else None
+            # each runs to its offer, its draft forwards and its target forward; a sequence's
+            # error is its own (reported with it), the others go on
+            plan = self._run_turns(self.running, self.budget is None, check=lambda running: None)
             self._flush(plan, round_start)
         except BaseException:
             self.close()
@@ -170,9 +180,13 @@ class ContinuousBatch(BatchDecoder):
 
     # ----- the sequences' side (overrides of BatchDecoder's) --------------------------------
     def _start(self, seq: BatchSequence, settings) -> None:
-        seq.slot = self.runner.open(wait=lambda: self._pause(seq))
+        seq.slot = self.runner.open(wait=lambda: self._pause(seq, "target"))
         try:
-            seq.decoder = seq.make_decoder(HFModelAdapter(self.decoder.target.model, runner=seq.slot))
+            target = HFModelAdapter(self.decoder.target.model, runner=seq.slot)
+            if seq.drafts:
+                seq.decoder = seq.make_decoder(target, self._draft_adapter(seq))
+            else:
+                seq.decoder = seq.make_decoder(target)
             if seq.decoder.step_callback is not None:
                 raise ConfigError("step_callback is not supported in batched decoding; use on_round")
         except ConfigError as error:

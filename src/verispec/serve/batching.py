@@ -15,10 +15,13 @@ the packed forward). Token-tree requests share one adjacency table and acceptanc
 (they describe the target and learn from every request); only one thread runs at a time, so the
 sharing needs no lock.
 
-Requests that cannot share the batched forward (a draft model or a draft head: their draft
-forwards do not batch yet) are decoded on a side worker (its own target and draft adapters over
-the same weights), one round of one such request after each batched round, in arrival order: they
-are served, more slowly, and hold up the batch by one of their rounds per round. A target the
+A request with the server's draft model joins the batch too when the draft runs on the native
+Llama runner: its draft forwards are packed with the other such requests' into one forward of a
+second batched runner over the draft's weights (``engine.batch``). Requests that cannot share the
+batched forwards (a draft head, or a draft model on another runner) are decoded on a side worker
+(its own target and draft adapters over the same weights), one round of one such request after
+each batched round, in arrival order: they are served, more slowly, and hold up the batch by one
+of their rounds per round. A target the
 batched runner cannot run (llama.cpp, the transformers forward) cannot use this scheduler at all:
 ``build_server`` then refuses it with the advice to use ``--scheduler workers``.
 """
@@ -38,7 +41,8 @@ import torch
 from verispec.core.threads import default_threads
 from verispec.engine.continuous import BatchSequence, ContinuousBatch
 from verispec.engine.decoder import SpeculativeDecoder
-from verispec.engine.drafters import NGramDrafter, TokenTreeDrafter
+from verispec.engine.drafters import ModelDrafter, NGramDrafter, TokenTreeDrafter
+from verispec.models.native_llama import NativeLlamaRunner
 from verispec.engine.streaming import TextStream
 from verispec.serve.workers import (
     FINISH_REASONS,
@@ -96,7 +100,9 @@ class BatchScheduler:
         self.on_step: Callable[[int], None] | None = None
         # the batch's own decoder only lends its token-tree tables to the requests' decoders
         parent = SpeculativeDecoder(target, "tree", tokenizer=side.tokenizer, method="qfree")
-        self.batch = ContinuousBatch(parent, max_batch=max_batch, threads=self.threads_per_worker)
+        # the draft model batches when it runs on the native runner (its weights in a batched runner)
+        draft = side.draft if isinstance(getattr(side.draft, "runner", None), NativeLlamaRunner) else None
+        self.batch = ContinuousBatch(parent, max_batch=max_batch, threads=self.threads_per_worker, draft=draft)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._in_batch: dict[BatchSequence, _Running] = {}
         self._side_waiting: list[Job] = []
@@ -150,8 +156,11 @@ class BatchScheduler:
 
     def batches(self, settings: DecodeSettings) -> bool:
         """Whether a request with ``settings`` decodes in the batch (its draft is the token trees,
-        the n-gram draft or none) rather than on the side worker (a draft model or head)."""
+        the n-gram draft, none, or a draft model the batch runs) rather than on the side worker
+        (a draft head, or a draft model off the native runner)."""
         drafter = self.side.decoder(settings).drafter
+        if isinstance(drafter, ModelDrafter):
+            return self.batch.draft_batches
         return drafter is None or isinstance(drafter, (TokenTreeDrafter, NGramDrafter))
 
     # ------------------------------------------------------------------ loop
@@ -199,14 +208,16 @@ class BatchScheduler:
             self._side_waiting.append(job)
             return None
         running = _Running(job, TextStream(job.settings.stop))
-        seq = self.batch.add(lambda target: self._decoder(target, job.settings), job.prompt_ids,
-                             on_round=lambda output: self._on_round(running, output))
+        drafts = isinstance(self.side.decoder(job.settings).drafter, ModelDrafter)  # on a draft slot
+        seq = self.batch.add(lambda target, draft=None: self._decoder(target, job.settings, draft), job.prompt_ids,
+                             on_round=lambda output: self._on_round(running, output), drafts=drafts)
         self._in_batch[seq] = running
         return None
 
-    def _decoder(self, target, settings: DecodeSettings) -> SpeculativeDecoder:
-        """The request's decoder on its batch slot; a token-tree draft shares the batch's tables."""
-        decoder = self.side.decoder(settings, target=target)
+    def _decoder(self, target, settings: DecodeSettings, draft=None) -> SpeculativeDecoder:
+        """The request's decoder on its batch slot (and draft slot); a token-tree draft shares the
+        batch's tables."""
+        decoder = self.side.decoder(settings, target=target, draft=draft)
         if isinstance(decoder.drafter, TokenTreeDrafter):
             decoder.drafter = self.batch.token_tree_drafter()
         return decoder

@@ -139,14 +139,14 @@ class Worker:
         self.tokenizer = copy.deepcopy(tokenizer)
         self.token_tree: TokenTreeDrafter | None = None  # the tables this worker's token trees learn in
 
-    def decoder(self, settings: DecodeSettings, target=None) -> SpeculativeDecoder:
-        """A decoder for one request over this worker's adapters, or over ``target`` (cheap: no
-        model work). Token trees of this worker's own requests share one adjacency table and
+    def decoder(self, settings: DecodeSettings, target=None, draft=None) -> SpeculativeDecoder:
+        """A decoder for one request over this worker's adapters, or over ``target`` and ``draft``
+        (a batch's slot adapters; cheap: no model work). Token trees of this worker's own requests share one adjacency table and
         acceptance estimates, which describe the target: each request starts from what the
         earlier ones learned (as ``generate`` does from prompt to prompt)."""
         decoder = SpeculativeDecoder(
             target or self.target,
-            None if settings.method == "ar" else self.draft,
+            None if settings.method == "ar" else draft or self.draft,
             tokenizer=self.tokenizer,
             method=settings.method,
             num_drafts=settings.num_drafts,
