@@ -43,6 +43,7 @@ TREE_TESTS = "tests/core/test_tree.py"
 ROWS = "core/rows.py"
 ROW_KERNELS = "core/logit_kernels.py"
 ROWS_TESTS = "tests/core/test_rows.py"
+BATCH_DRAFT_TESTS = "tests/engine/test_batch_draft_model.py"
 
 
 @dataclass(frozen=True)
@@ -535,6 +536,33 @@ MUTANTS += [
         "the batch budget merges the offers worst first (kept nodes are no longer the most promising)",
         (("engine/batch_budget.py", "    entries = sorted((-float(score), owner, position)", "    entries = sorted((float(score), owner, position)"),),
         ("tests/engine/test_batch_budget.py",),
+    ),
+    Mutant(
+        "batch_draft_rows_rotated",
+        "the batched draft forward hands each sequence the next sequence's rows (still exact in law: only the seeded solo comparison sees it)",
+        (("engine/batch.py", "                self.draft_runner.flush()\n",
+          "                self.draft_runner.flush()\n                rows = self.draft_runner._results; order = sorted(rows)\n"
+          "                self.draft_runner._results = dict(zip(order, [rows[s] for s in order[1:] + order[:1]]))\n"),),
+        (BATCH_DRAFT_TESTS + "::test_seeded_batch_with_a_draft_model_equals_each_prompt_alone",),
+    ),
+    Mutant(
+        "batch_draft_unbatched",
+        "each sequence's draft model runs on its own solo runner: same tokens, but no batched draft forward",
+        (("engine/batch.py", "        return HFModelAdapter(self._draft_base.model, runner=seq.draft_slot)",
+          "        return HFModelAdapter(self._draft_base.model)"),),
+        (BATCH_DRAFT_TESTS,),
+    ),
+    Mutant(
+        "batch_draft_waits_at_the_target",
+        "a sequence paused at its draft forward is taken as waiting on the target (its draft forward never runs)",
+        (("engine/batch.py", 'self._pause(seq, "draft")', 'self._pause(seq, "target")'),),
+        (BATCH_DRAFT_TESTS,),
+    ),
+    Mutant(
+        "batch_draft_slot_leak",
+        "a finished sequence keeps its draft slot (the draft cache grows with every sequence)",
+        (("engine/batch.py", "            self.draft_runner.close(seq.draft_slot)\n", "            pass\n"),),
+        (BATCH_DRAFT_TESTS,),
     ),
     Mutant(
         "probe_ignores_its_cost",

@@ -87,6 +87,10 @@ def test_seeded_batch_with_a_draft_model_equals_each_prompt_alone(rule):
             if rule == "sd":
                 assert [(s.accepted_len, s.draft_calls) for s in output.steps] == [(s.accepted_len, s.draft_calls) for s in alone.steps]
         assert len({tuple(o.token_ids) for o in outputs}) == 4
+        if rule == "gumbel":  # adaptive L: every round's L was planned by the batch budget
+            plans = [step.policy for output in outputs for step in output.steps]
+            assert all(plan is not None and plan.batch is not None for plan in plans)
+            assert len({plan.draft_len for plan in plans}) > 1
 
 
 def _record_draft_flushes(monkeypatch) -> list[int]:
