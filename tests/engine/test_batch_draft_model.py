@@ -180,3 +180,63 @@ def test_a_draft_model_batches_in_fp32_too():
     outputs = decoder.generate_batch(PROMPTS)
     for prompt, output in zip(PROMPTS, outputs):
         assert output.token_ids == decoder.generate(prompt).token_ids
+
+
+# ----- EAGLE-3 heads: the batched target forward returns each sequence's own features -------------
+
+
+def tiny_headed_pair():
+    """A float64 five-layer tiny Llama (a head needs >= 5 target layers) and a random head over it."""
+    from tests.engine.test_head_drafter import tiny_head
+
+    target = tiny_llama(3, vocab_size=VOCAB, layers=5)
+    return target.double(), tiny_head(target, list(range(VOCAB))).double()
+
+
+@pytest.mark.slow
+def test_batch_law_with_a_head_equals_solo_law_and_target_law():
+    target, head = tiny_headed_pair()
+    law = batch_law(lambda: make_decoder("sd", target, head))
+    assert len(law) >= 8
+    alone = solo_law(lambda: make_decoder("sd", target, head), PROMPTS[1])
+    assert max_abs_difference(law, alone) < 1e-12
+    params = SamplingParams(1.0, 2, 1.0)
+    memo = ForwardMemo(target)
+    reference = exact_target_law(memo, PROMPTS[1], 3, params)
+    assert max_abs_difference(law, reference) < tolerance(memo, PROMPTS[1], params)
+
+
+def test_seeded_batch_with_a_head_equals_each_prompt_alone():
+    """sd, L = 2, a head: each sequence's tokens, accepted lengths and head calls equal its solo
+    run (float64), so each got its own features from the batched target forward."""
+    target, head = tiny_headed_pair()
+    decoder = SpeculativeDecoder(target, head, method="sd", draft_len=2, top_k=0, eos_token_id=[])
+    for max_batch in (4, 2):
+        outputs = decoder.generate_batch(SEEDED_PROMPTS, seeds=SEEDS, max_new_tokens=LIMITS, max_batch=max_batch)
+        for prompt, seed, limit, output in zip(SEEDED_PROMPTS, SEEDS, LIMITS, outputs):
+            alone = _solo(decoder, prompt, seed, limit)
+            assert output.token_ids == alone.token_ids
+            assert [(s.accepted_len, s.draft_calls) for s in output.steps] == [(s.accepted_len, s.draft_calls) for s in alone.steps]
+        assert len({tuple(o.token_ids) for o in outputs}) == 4
+
+
+def test_batched_features_are_each_sequences_own_rows():
+    """The slot features of a batched forward equal the single-sequence runner's for the same
+    inputs (float64), one slot capturing and one not."""
+    from verispec.models.native_llama import NativeLlamaRunner
+
+    target, _ = tiny_headed_pair()
+    solo = NativeLlamaRunner(target)
+    solo.feature_layers = (1, 4)
+    batch = BatchedLlamaRunner(solo, initial_slots=2)
+    first, second = batch.open(wait=lambda: None), batch.open()
+    first.feature_layers = (1, 4)
+    batch.submit(first.slot, [1, 2, 3], [0, 1, 2], None, 1, first.feature_layers)
+    second.forward([3, 0, 1, 2, 0], list(range(5)), None, 1)  # flushes both
+    assert second.last_features is None
+    first.last_features = batch._features.pop(first.slot)
+    logits = batch.take_result(first.slot)
+    expected = solo.forward([1, 2, 3], [0, 1, 2], None, 1)
+    assert first.last_features.shape == solo.last_features.shape == (3, 2 * target.config.hidden_size)
+    assert torch.allclose(first.last_features, solo.last_features, rtol=0, atol=1e-12)
+    assert torch.allclose(logits, expected, rtol=0, atol=1e-10)

@@ -212,14 +212,19 @@ def test_bad_batch_arguments_are_clear_errors():
         decoder.generate_batch(PROMPTS, max_batch=0)
     with pytest.raises(ConfigError, match="token-tree draft only"):
         decoder.generate_batch(PROMPTS, budget=lambda s: [None] * len(s))
-    model = tiny_target()
-    from tests.engine.test_head_drafter import tiny_head
+    from verispec.engine.drafters import NGramDrafter
     from verispec.models.hf import HFModelAdapter
 
-    deep = tiny_llama(3, vocab_size=VOCAB, layers=5)
-    headed = SpeculativeDecoder(deep, tiny_head(deep, list(range(VOCAB))), method="sd")
-    with pytest.raises(ConfigError, match=r"draft head\) cannot batch yet"):
-        headed.generate_batch(PROMPTS)
+    class OwnDrafter:  # a drafter of the user's own: the batch cannot copy it per sequence
+        def __init__(self):
+            self.inner = NGramDrafter(VOCAB, SamplingParams(1.0, 0, 1.0))
+            self.vocab_size, self.calls = VOCAB, 0
+            self.reset, self.begin_round, self.commit = self.inner.reset, self.inner.begin_round, self.inner.commit
+
+    model = tiny_target()
+    own = SpeculativeDecoder(model, OwnDrafter(), method="sd")
+    with pytest.raises(ConfigError, match="the OwnDrafter draft cannot batch"):
+        own.generate_batch(PROMPTS)
     model = tiny_target()
     transformers_draft = HFModelAdapter(tiny_llama(5, vocab_size=VOCAB, layers=1).double(), backend="transformers")
     with pytest.raises(ConfigError, match="batched draft model runs on the native Llama runner; this draft runs on TransformersRunner"):

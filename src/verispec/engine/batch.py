@@ -28,8 +28,9 @@ than the context) ends with stop_reason "error" and its message; the others stil
 sequence reaching the context limit stops with "context" as it would alone.
 
 Drafts: the token trees (each sequence its own copy of the decoder's drafter, sharing its
-adjacency table and acceptance estimates), the n-gram draft and a draft model batch; heads do not yet
-(ConfigError). A draft model runs like the target: a second ``BatchedLlamaRunner`` over the draft's
+adjacency table and acceptance estimates), the n-gram draft, a draft model and an EAGLE-3 head batch.
+A head reads the target's hidden states: each sequence's target slot returns its own rows of them
+from the batched forward; the head's own step (one layer) runs per sequence in its turn, not batched. A draft model runs like the target: a second ``BatchedLlamaRunner`` over the draft's
 native runner, each sequence's draft adapter on one of its slots. A sequence pauses at whichever
 forward it queues; once every sequence is paused, the draft forward runs first for those waiting on
 it (one packed forward, the others keep waiting at the target), again until no sequence waits on the
@@ -73,6 +74,7 @@ from verispec.engine.checks import check_max_new_tokens, check_stop_strings
 from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.results import GenerationOutput
 from verispec.engine.drafters import ModelDrafter, NGramDrafter, TokenTreeDrafter
+from verispec.engine.head_drafter import HeadDrafter
 from verispec.errors import ConfigError
 from verispec.models.batch_runner import BatchedLlamaRunner, SlotRunner
 from verispec.models.hf import HFModelAdapter
@@ -146,11 +148,10 @@ class BatchDecoder:
         if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
             raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         drafter = decoder.drafter
-        if drafter is not None and not isinstance(drafter, (TokenTreeDrafter, NGramDrafter, ModelDrafter)):
+        if drafter is not None and not isinstance(drafter, (TokenTreeDrafter, NGramDrafter, ModelDrafter, HeadDrafter)):
             raise ConfigError(
-                f"batched decoding drafts with the token trees, the n-gram draft or a draft model; the "
-                f"{type(drafter).__name__} draft (a draft head) cannot batch yet: use draft='tree', 'ngram' or a "
-                "draft model, or decode one prompt at a time with generate"
+                f"batched decoding drafts with the token trees, the n-gram draft, a draft model or a head; the "
+                f"{type(drafter).__name__} draft cannot batch: use one of those, or decode one prompt at a time with generate"
             )
         if getattr(decoder.target, "backend", None) == "llamacpp":
             raise ConfigError("batched decoding is not built for the llamacpp backend yet: decode one prompt at a time "
@@ -195,10 +196,14 @@ class BatchDecoder:
         (``token_tree_copy``: adjacency table and acceptance estimates shared, updated in the
         batch's fixed turn order, so runs stay deterministic); the n-gram draft; the draft model on
         the sequence's draft slot (its ``ModelDrafter`` is made by the decoder, with its own
-        sampling parameters); or none (plain)."""
+        sampling parameters); the parent's head (the decoder makes its ``HeadDrafter`` over the
+        sequence's target adapter, whose slot returns the features the head reads; the head's own
+        step runs per sequence, in its turn); or none (plain)."""
         drafter = self.decoder.drafter
         if isinstance(drafter, TokenTreeDrafter):
             return token_tree_copy(drafter)
+        if isinstance(drafter, HeadDrafter):
+            return drafter.head
         if isinstance(drafter, ModelDrafter):
             return self._draft_adapter(seq)
         return None if drafter is None else "ngram"

@@ -29,6 +29,10 @@ softmax (``_grouped_attention``) rather than the CPU ``scaled_dot_product_attent
 which was as slow as the rest of the layer on short masked queries; a batch of one uses the
 solo runner's kernel.
 
+Features (EAGLE-3 heads): a slot whose ``feature_layers`` is set also gets, from the same forward,
+the hidden states of its own inputs at those HF ``hidden_states`` indices (``last_features``, as
+the single-sequence runner's), so a head reading them can draft in a batch.
+
 Slots stay dense: ``close`` moves the last slot's entries into the freed one, so the active
 sequences always occupy slots [0, B) and the attention reads a view of the cache, not a copy.
 """
@@ -78,6 +82,7 @@ class _Request:
     positions: list[int]
     allowed: torch.Tensor | None
     keep: int
+    features: tuple[int, ...] | None = None  # the slot's feature layers (hidden states to return)
 
 
 class SlotRunner:
@@ -92,6 +97,10 @@ class SlotRunner:
         self.batch = batch
         self.slot = slot
         self.wait = wait
+        # as the single-sequence runner's: HF hidden_states indices whose states (the inputs of those
+        # decoder layers) each forward also returns, (n, len(layers) * hidden), in ``last_features``
+        self.feature_layers: tuple[int, ...] | None = None
+        self.last_features: torch.Tensor | None = None
 
     def reset(self) -> None:
         self.batch.lengths[self.slot] = 0
@@ -100,11 +109,12 @@ class SlotRunner:
         return self.batch.lengths[self.slot]
 
     def forward(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
-        self.batch.submit(self.slot, input_ids, positions, allowed, keep)
+        self.batch.submit(self.slot, input_ids, positions, allowed, keep, self.feature_layers)
         if self.wait is None:
             self.batch.flush()
         else:
             self.wait()
+        self.last_features = self.batch._features.pop(self.slot, None)
         return self.batch.take_result(self.slot)
 
     def keep_entries(self, length: int, moved: Sequence[int] = ()) -> None:
@@ -123,6 +133,7 @@ class BatchedLlamaRunner:
         self.slots: list[SlotRunner] = []  # open slots, slot i at index i
         self._requests: dict[int, _Request] = {}
         self._results: dict[int, torch.Tensor] = {}
+        self._features: dict[int, torch.Tensor] = {}  # flushed features of slots that asked for them
 
     @staticmethod
     def check_base(base) -> None:
@@ -167,11 +178,12 @@ class BatchedLlamaRunner:
         if slot in self._requests:
             raise ConfigError("a slot with a submitted forward cannot be closed before the flush")
         self._results.pop(slot, None)
+        self._features.pop(slot, None)
         if slot != last:  # the last slot moves here: its entries, its queued forward or result, its runner
             length = self.lengths[last]
             for cache in self.kv.keys + self.kv.values:
                 cache[slot, :, :length] = cache[last, :, :length]
-            for queue in (self._requests, self._results):
+            for queue in (self._requests, self._results, self._features):
                 if last in queue:
                     queue[slot] = queue.pop(last)
             moved = self.slots[last]
@@ -181,16 +193,19 @@ class BatchedLlamaRunner:
         self.lengths.pop()
 
     # ----- forward -------------------------------------------------------------------------
-    def submit(self, slot: int, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int) -> None:
+    def submit(self, slot: int, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int,
+               features: Sequence[int] | None = None) -> None:
         """Queue one forward of ``slot``: append len(input_ids) entries at ``positions`` with the
         attention pattern ``allowed`` (n, length + n) (None: causal) and return, at ``flush``, the
-        logits of the last ``keep`` inputs."""
+        logits of the last ``keep`` inputs (and with ``features``, HF hidden_states indices, the
+        (n, len(features) * hidden) states of every input)."""
         if slot in self._requests:
             raise ConfigError(f"slot {slot} already has a forward queued; flush before submitting another")
         if not input_ids or len(positions) != len(input_ids) or not 1 <= keep <= len(input_ids):
             raise ConfigError(f"a forward needs >= 1 input, one position per input and 1 <= keep <= inputs; got "
                               f"{len(input_ids)} inputs, {len(positions)} positions, keep {keep}")
-        self._requests[slot] = _Request(list(input_ids), list(positions), allowed, int(keep))
+        features = None if features is None else tuple(int(i) for i in features)
+        self._requests[slot] = _Request(list(input_ids), list(positions), allowed, int(keep), features)
 
     def take_result(self, slot: int) -> torch.Tensor:
         """The logits (keep, V) of ``slot``'s flushed forward (float32, CPU)."""
@@ -258,7 +273,11 @@ class BatchedLlamaRunner:
         cos, sin = cos[0][:, None], sin[0][:, None]  # (M, 1, head_dim)
         total, batch = len(rows), len(slots)
         heads, kv_heads, head_dim = base.num_heads, base.num_kv_heads, base.head_dim
-        for layer, linears, key_cache, value_cache in zip(base.layers, base.linears, self.kv.keys, self.kv.values):
+        capture = {i for r in requests if r.features is not None for i in r.features}
+        captured: dict[int, torch.Tensor] = {}  # layer index -> (M, hidden) inputs of that layer, packed
+        for index, (layer, linears, key_cache, value_cache) in enumerate(zip(base.layers, base.linears, self.kv.keys, self.kv.values)):
+            if index in capture:
+                captured[index] = hidden[0]
             q_proj, k_proj, v_proj, o_proj = linears[:4]
             x = _rms_norm(hidden, layer.input_layernorm)
             q = _rotate(q_proj(x).view(total, heads, head_dim), cos, sin)
@@ -297,11 +316,14 @@ class BatchedLlamaRunner:
             kept += range(first + n - request.keep, first + n)
             first += n
         logits = base.output_logits(hidden[:, kept])
-        first = 0
+        first = packed = 0
         for slot, start, n, request in zip(slots, starts, sizes, requests):
             self.lengths[slot] = start + n
             self._results[slot] = logits[first : first + request.keep]
+            if request.features is not None:  # this request's own packed rows of each layer it asked for
+                self._features[slot] = torch.cat([captured[i][packed : packed + n] for i in request.features], dim=-1)
             first += request.keep
+            packed += n
         self._requests = {}
 
     @torch.no_grad()
