@@ -565,6 +565,13 @@ MUTANTS += [
         (BATCH_DRAFT_TESTS,),
     ),
     Mutant(
+        "batch_features_of_the_first_sequence",
+        "every slot of a batched forward gets the first request's rows of the target's hidden states (a head drafts from another sequence's features)",
+        (("models/batch_runner.py", "torch.cat([captured[i][packed : packed + n] for i in request.features], dim=-1)",
+          "torch.cat([captured[i][:n] for i in request.features], dim=-1)"),),
+        (BATCH_DRAFT_TESTS,),
+    ),
+    Mutant(
         "probe_ignores_its_cost",
         "probes come every + 1 rounds apart whatever a probe costs (where forwards cost linearly they take a fifth of the time)",
         (("draft/tree_policy.py", "        return max(self.every, math.ceil(extra / self.max_overhead) - 1)", "        return self.every"),),

@@ -277,3 +277,26 @@ def test_a_side_request_whose_client_left_while_waiting_never_starts(tiny_pair, 
         assert messages == ["the client went away", "the client went away before the request started"]
     finally:
         handle.stop()
+
+
+def test_a_head_request_joins_the_batch(tokenizer, tmp_path):
+    """A draft head (``--draft DIR``) batches: its slot of the packed target forward returns its own
+    hidden states; each request gives the text the worker design gives it alone (sd, seeded)."""
+    from tests.engine.test_head_drafter import tiny_head
+    from tests.engine.tiny import tiny_llama
+    from verispec.models.eagle_head import save_head
+
+    target = tiny_llama(4, vocab_size=len(tokenizer), layers=5, max_positions=4096)
+    head_dir = save_head(tiny_head(target, list(range(len(tokenizer)))), tmp_path / "head")
+    pair = (target, str(head_dir))
+    handle, pool = batch_server(pair, tokenizer, draft=str(head_dir), method="sd", max_batch=4)
+    workers, _ = start_server(pair, tokenizer, workers=1, method="sd")
+    try:
+        fields = {"seed": 9, "max_tokens": 12}
+        with ThreadPoolExecutor(3) as executor:
+            answers = list(executor.map(lambda p: complete(handle.url, p, **fields), PROMPTS[:3]))
+        assert all(a["speculative"]["worker"] == 0 and a["usage"]["completion_tokens"] == 12 for a in answers)
+        assert [a["choices"][0]["text"] for a in answers] == [complete(workers.url, p, **fields)["choices"][0]["text"] for p in PROMPTS[:3]]
+    finally:
+        handle.stop()
+        workers.stop()

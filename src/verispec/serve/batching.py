@@ -17,8 +17,10 @@ sharing needs no lock.
 
 A request with the server's draft model joins the batch too when the draft runs on the native
 Llama runner: its draft forwards are packed with the other such requests' into one forward of a
-second batched runner over the draft's weights (``engine.batch``). Requests that cannot share the
-batched forwards (a draft head, or a draft model on another runner) are decoded on a side worker
+second batched runner over the draft's weights (``engine.batch``). A request with a draft head
+joins as well: its slot of the batched target forward returns its own hidden states, and its head
+step runs in its turn. Requests that cannot share the batched forwards (a draft model on another
+runner) are decoded on a side worker
 (its own target and draft adapters over the same weights), one round of one such request after
 each batched round, in arrival order: they are served, more slowly, and hold up the batch by one
 of their rounds per round. A target the
@@ -42,6 +44,7 @@ from verispec.core.threads import default_threads
 from verispec.engine.continuous import BatchSequence, ContinuousBatch
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import ModelDrafter, NGramDrafter, TokenTreeDrafter
+from verispec.engine.head_drafter import HeadDrafter
 from verispec.models.native_llama import NativeLlamaRunner
 from verispec.engine.streaming import TextStream
 from verispec.serve.workers import (
@@ -156,12 +159,12 @@ class BatchScheduler:
 
     def batches(self, settings: DecodeSettings) -> bool:
         """Whether a request with ``settings`` decodes in the batch (its draft is the token trees,
-        the n-gram draft, none, or a draft model the batch runs) rather than on the side worker
-        (a draft head, or a draft model off the native runner)."""
+        the n-gram draft, none, a head, or a draft model the batch runs) rather than on the side
+        worker (a draft model off the native runner)."""
         drafter = self.side.decoder(settings).drafter
         if isinstance(drafter, ModelDrafter):
             return self.batch.draft_batches
-        return drafter is None or isinstance(drafter, (TokenTreeDrafter, NGramDrafter))
+        return drafter is None or isinstance(drafter, (TokenTreeDrafter, NGramDrafter, HeadDrafter))
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
