@@ -94,7 +94,7 @@ def build_server(target_model, draft, tokenizer, config: ServerConfig, workers: 
 def build_batch_scheduler(target_model, draft, tokenizer, max_batch: int, max_queue: int, threads: int | None = None,
                           backend: str = "auto") -> BatchScheduler:
     """A continuous-batching scheduler: the batch's target adapter and a side worker (requests
-    with a draft model or head), both over the one set of weights."""
+    with a draft model off the native runner; checking settings), both over the one set of weights."""
     from verispec.engine.decoder import _as_adapter
     from verispec.models.batch_runner import BatchedLlamaRunner
 
