@@ -572,6 +572,18 @@ MUTANTS += [
         (BATCH_DRAFT_TESTS,),
     ),
     Mutant(
+        "batch_head_new_columns_misplaced",
+        "the padded head step puts a sequence's new entries at its own past length instead of after the longest past (it attends padding)",
+        (("models/head_batch.py", "            allowed[row, :n, past : past + n] = own[:, m:]", "            allowed[row, :n, m : m + n] = own[:, m:]"),),
+        (BATCH_DRAFT_TESTS,),
+    ),
+    Mutant(
+        "batch_head_rows_of_the_first_sequence",
+        "every sequence gets the first sequence's output of the padded head step",
+        (("models/head_batch.py", "StepOutput(result.out[row : row + 1, :n]", "StepOutput(result.out[0:1, :n]"),),
+        (BATCH_DRAFT_TESTS,),
+    ),
+    Mutant(
         "probe_ignores_its_cost",
         "probes come every + 1 rounds apart whatever a probe costs (where forwards cost linearly they take a fifth of the time)",
         (("draft/tree_policy.py", "        return max(self.every, math.ceil(extra / self.max_overhead) - 1)", "        return self.every"),),

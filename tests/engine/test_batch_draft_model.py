@@ -240,3 +240,17 @@ def test_batched_features_are_each_sequences_own_rows():
     assert first.last_features.shape == solo.last_features.shape == (3, 2 * target.config.hidden_size)
     assert torch.allclose(first.last_features, solo.last_features, rtol=0, atol=1e-12)
     assert torch.allclose(logits, expected, rtol=0, atol=1e-10)
+
+
+def test_head_steps_of_all_sequences_run_as_one(monkeypatch):
+    """The head steps are batched: three sequences' steps in one padded head call."""
+    from verispec.models.head_batch import BatchedHeadSteps
+
+    sizes = []
+    flush = BatchedHeadSteps.flush
+    monkeypatch.setattr(BatchedHeadSteps, "flush", lambda self: (sizes.append(self.pending), flush(self)))
+    target, head = tiny_headed_pair()
+    decoder = SpeculativeDecoder(target, head, method="sd", draft_len=3, top_k=0, eos_token_id=[], max_new_tokens=10)
+    outputs = decoder.generate_batch(PROMPTS, seeds=[1, 2, 3])
+    calls = sum(step.draft_calls for output in outputs for step in output.steps)
+    assert max(sizes) == 3 and len(sizes) < calls

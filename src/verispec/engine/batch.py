@@ -30,7 +30,8 @@ sequence reaching the context limit stops with "context" as it would alone.
 Drafts: the token trees (each sequence its own copy of the decoder's drafter, sharing its
 adjacency table and acceptance estimates), the n-gram draft, a draft model and an EAGLE-3 head batch.
 A head reads the target's hidden states: each sequence's target slot returns its own rows of them
-from the batched forward; the head's own step (one layer) runs per sequence in its turn, not batched. A draft model runs like the target: a second ``BatchedLlamaRunner`` over the draft's
+from the batched forward, and its head steps are queued like forwards and run as one padded head
+call for every sequence waiting on one (``models.head_batch``). A draft model runs like the target: a second ``BatchedLlamaRunner`` over the draft's
 native runner, each sequence's draft adapter on one of its slots. A sequence pauses at whichever
 forward it queues; once every sequence is paused, the draft forward runs first for those waiting on
 it (one packed forward, the others keep waiting at the target), again until no sequence waits on the
@@ -77,6 +78,7 @@ from verispec.engine.drafters import ModelDrafter, NGramDrafter, TokenTreeDrafte
 from verispec.engine.head_drafter import HeadDrafter
 from verispec.errors import ConfigError
 from verispec.models.batch_runner import BatchedLlamaRunner, SlotRunner
+from verispec.models.head_batch import BatchedHeadSteps
 from verispec.models.hf import HFModelAdapter
 from verispec.models.token_tree import SuffixIndex
 
@@ -167,6 +169,7 @@ class BatchDecoder:
         self.runner: BatchedLlamaRunner | None = None
         self._draft_base = None  # the draft model's native runner, whose weights the draft forwards batch
         self.draft_runner: BatchedLlamaRunner | None = None
+        self.head_steps: dict[object, BatchedHeadSteps] = {}  # per head module: its sequences' queued steps
         if isinstance(drafter, ModelDrafter):
             self._use_draft(drafter.adapter)
         self._lock = threading.Semaphore(0)  # the scheduler's turn
@@ -197,8 +200,8 @@ class BatchDecoder:
         batch's fixed turn order, so runs stay deterministic); the n-gram draft; the draft model on
         the sequence's draft slot (its ``ModelDrafter`` is made by the decoder, with its own
         sampling parameters); the parent's head (the decoder makes its ``HeadDrafter`` over the
-        sequence's target adapter, whose slot returns the features the head reads; the head's own
-        step runs per sequence, in its turn); or none (plain)."""
+        sequence's target adapter, whose slot returns the features the head reads; its steps are
+        batched by ``_batch_head``); or none (plain)."""
         drafter = self.decoder.drafter
         if isinstance(drafter, TokenTreeDrafter):
             return token_tree_copy(drafter)
@@ -294,10 +297,18 @@ class BatchDecoder:
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
+        self._batch_head(seq)
         if planned:
             self._plan_by_budget(seq)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")
         seq.thread.start()
+
+    def _batch_head(self, seq: _Sequence) -> None:
+        """A head-drafting sequence queues its head steps for the batch's packed head call."""
+        drafter = seq.decoder.drafter
+        if isinstance(drafter, HeadDrafter):
+            steps = self.head_steps.setdefault(drafter.head, BatchedHeadSteps(drafter.head))
+            drafter.step = steps.stepper(lambda: self._pause(seq, "head"))
 
     def _plan_by_budget(self, seq: _Sequence) -> None:
         """Let the batch budget size ``seq``'s rounds: its token trees or adaptive chain offer their
@@ -408,9 +419,11 @@ class BatchDecoder:
             for seq in turns:  # each runs to its offer, its draft forward or its target forward
                 self._give_turn(seq)
             check(running)
-            drafting = [seq for seq in running if not seq.done and seq.waits_on == "draft"]
+            drafting = [seq for seq in running if not seq.done and seq.waits_on in ("draft", "head")]
             if drafting:
-                self.draft_runner.flush()
+                for queue in [self.draft_runner, *self.head_steps.values()]:
+                    if queue is not None:
+                        queue.flush()
                 turns = drafting
             elif planned and any(not s.done and s.offer is not None for s in running):
                 plan = self._plan_round(running)
@@ -480,9 +493,9 @@ class BatchDecoder:
     def _abort(self, running: list[_Sequence]) -> None:
         """Stop every paused sequence (they raise ``_Aborted`` in their thread) and free the slots."""
         self._aborted = True
-        for runner in (self.runner, self.draft_runner):
-            if runner is not None:
-                runner.discard_queued()
+        for queue in [self.runner, self.draft_runner, *self.head_steps.values()]:
+            if queue is not None:
+                queue.discard_queued()
         for seq in running:
             if not seq.done and seq.thread is not None:
                 seq.turn.release()

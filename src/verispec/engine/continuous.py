@@ -192,6 +192,7 @@ class ContinuousBatch(BatchDecoder):
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
+        self._batch_head(seq)
         if self.budget is None:
             self._plan_by_budget(seq)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")

@@ -105,6 +105,9 @@ class HeadDrafter:
         self.params = params
         self.vocab_size = int(head.config.vocab_size)
         self.calls = 0  # head calls (one per begin_round, one per deeper tree level)
+        # the head's forward (``Eagle3Head.step`` with a batch of one); a batch replaces it with a
+        # step queued for one packed call over its sequences (``models.head_batch``)
+        self.step = head.step
         self.feature_layers = tuple(head.config.aux_layer_ids)  # the decoder turns the target's capture on
         target.enable_features(self.feature_layers)  # validates them against the target now
         self.embed_tokens = target.model.get_input_embeddings()
@@ -153,7 +156,7 @@ class HeadDrafter:
             positions = torch.arange(start, last + 1, device=self._param.device)[None]
             self._kv.reserve(last + 1, used=start)
             keys, values = self._kv.keys[0], self._kv.values[0]
-            result = self.head.step(hidden, embeds, positions, keys[:, :, :start], values[:, :, :start], None)
+            result = self.step(hidden, embeds, positions, keys[:, :, :start], values[:, :, :start], None)
             keys[:, :, start : last + 1] = result.keys
             values[:, :, start : last + 1] = result.values
             self._committed = last + 1
@@ -199,7 +202,7 @@ class HeadDrafter:
             entries = self._ancestors[prefix[:-1]] + [self._speculative + row]
             self._ancestors[prefix] = entries
             allowed[row, [self._committed + e for e in entries]] = True
-        result = self.head.step(hidden, embeds, positions, keys[:, :, :first], values[:, :, :first], allowed[None])
+        result = self.step(hidden, embeds, positions, keys[:, :, :first], values[:, :, :first], allowed[None])
         keys[:, :, first : first + count] = result.keys
         values[:, :, first : first + count] = result.values
         for row, prefix in enumerate(prefixes):

@@ -18,12 +18,12 @@ sharing needs no lock.
 A request with the server's draft model joins the batch too when the draft runs on the native
 Llama runner: its draft forwards are packed with the other such requests' into one forward of a
 second batched runner over the draft's weights (``engine.batch``). A request with a draft head
-joins as well: its slot of the batched target forward returns its own hidden states, and its head
-step runs in its turn. Requests that cannot share the batched forwards (a draft model on another
-runner) are decoded on a side worker
-(its own target and draft adapters over the same weights), one round of one such request after
-each batched round, in arrival order: they are served, more slowly, and hold up the batch by one
-of their rounds per round. A target the
+joins as well: its slot of the batched target forward returns its own hidden states, and the
+requests' head steps run as one padded call of the head (loaded once, ``models.head_batch``).
+Requests that cannot share the batched forwards (a draft model on another runner) are decoded on a
+side worker (its own target and draft adapters over the same weights), one round of one such
+request after each batched round, in arrival order: they are served, more slowly, and hold up the
+batch by one of their rounds per round. A target the
 batched runner cannot run (llama.cpp, the transformers forward) cannot use this scheduler at all:
 ``build_server`` then refuses it with the advice to use ``--scheduler workers``.
 """
@@ -44,7 +44,7 @@ from verispec.core.threads import default_threads
 from verispec.engine.continuous import BatchSequence, ContinuousBatch
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import ModelDrafter, NGramDrafter, TokenTreeDrafter
-from verispec.engine.head_drafter import HeadDrafter
+from verispec.engine.head_drafter import HeadDrafter, is_head_source, load_head_source
 from verispec.models.native_llama import NativeLlamaRunner
 from verispec.engine.streaming import TextStream
 from verispec.serve.workers import (
@@ -106,6 +106,8 @@ class BatchScheduler:
         # the draft model batches when it runs on the native runner (its weights in a batched runner)
         draft = side.draft if isinstance(getattr(side.draft, "runner", None), NativeLlamaRunner) else None
         self.batch = ContinuousBatch(parent, max_batch=max_batch, threads=self.threads_per_worker, draft=draft)
+        # a head is loaded once, so that the requests' head steps run as one call of one module
+        self._head = load_head_source(side.draft, target) if is_head_source(side.draft) else None
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._in_batch: dict[BatchSequence, _Running] = {}
         self._side_waiting: list[Job] = []
@@ -161,7 +163,7 @@ class BatchScheduler:
         """Whether a request with ``settings`` decodes in the batch (its draft is the token trees,
         the n-gram draft, none, a head, or a draft model the batch runs) rather than on the side
         worker (a draft model off the native runner)."""
-        drafter = self.side.decoder(settings).drafter
+        drafter = self.side.decoder(settings, draft=self._head).drafter
         if isinstance(drafter, ModelDrafter):
             return self.batch.draft_batches
         return drafter is None or isinstance(drafter, (TokenTreeDrafter, NGramDrafter, HeadDrafter))
@@ -220,6 +222,8 @@ class BatchScheduler:
     def _decoder(self, target, settings: DecodeSettings, draft=None) -> SpeculativeDecoder:
         """The request's decoder on its batch slot (and draft slot); a token-tree draft shares the
         batch's tables."""
+        if draft is None and self._head is not None:
+            draft = self._head
         decoder = self.side.decoder(settings, target=target, draft=draft)
         if isinstance(decoder.drafter, TokenTreeDrafter):
             decoder.drafter = self.batch.token_tree_drafter()

@@ -146,7 +146,7 @@ class Worker:
         earlier ones learned (as ``generate`` does from prompt to prompt)."""
         decoder = SpeculativeDecoder(
             target or self.target,
-            None if settings.method == "ar" else draft or self.draft,
+            None if settings.method == "ar" else self.draft if draft is None else draft,
             tokenizer=self.tokenizer,
             method=settings.method,
             num_drafts=settings.num_drafts,
