@@ -2,10 +2,15 @@
 
     python benchmarks/batch_draft_speed.py [--batch 4] [--prompts 0-7] [--tokens 32] [--repeats 3]
                                            [--draft-layers 4] [--draft-len 3] [--threads 1] [--dtype auto]
+                                           [--draft cut|head] [--adaptive]
 
-No trained draft model ships offline, so the draft is CUT from the default target: its embedding,
-its first ``--draft-layers`` decoder layers, its final norm and output layer (a Llama the native
-runner runs; it accepts few tokens: this measures the machinery's throughput, not a good draft).
+``--draft cut`` (default): no trained draft model ships offline, so the draft is CUT from the default
+target: its embedding, its first ``--draft-layers`` decoder layers, its final norm and output layer
+(a Llama the native runner runs; it accepts few tokens: this measures the machinery's throughput,
+not a good draft). ``--draft head``: the shipped EAGLE-3 head (its steps batched as one padded call,
+its features from the batched target forward). ``--adaptive``: method ``gumbel`` with L chosen per round
+(at most ``--draft-len``; alone by the decoder's cost model, in the batch by the batch budget, whose
+round overhead includes the draft forwards) instead of ``sd`` with a fixed L.
 The HumanEval prompts go in groups of B; each group is decoded greedily with method ``sd`` and a
 fixed chain of ``--draft-len`` tokens by
     alone   ``generate`` on each prompt of the group in turn (the single-sequence path)
@@ -47,6 +52,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", default="0-7", help="HumanEval task ids, e.g. 0-7")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--draft", default="cut", choices=["cut", "head"])
+    parser.add_argument("--adaptive", action="store_true", help="gumbel with L per round instead of sd with a fixed L")
     parser.add_argument("--draft-layers", type=int, default=4)
     parser.add_argument("--draft-len", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
@@ -59,11 +66,12 @@ def main(argv=None) -> int:
 
     ids = parse_range(args.prompts)
     target, tokenizer = load_default_target(resolve_dtype(args.dtype))
-    draft = cut_draft(target, args.draft_layers)
+    draft = cut_draft(target, args.draft_layers) if args.draft == "cut" else "head"
     tasks = humaneval_prompts(limit=max(ids) + 1)
     prompts = [encode_prompt(tokenizer, tasks[i].text) for i in ids]
     common = dict(tokenizer=tokenizer, temperature=0, max_new_tokens=args.tokens, eos_token_id=[])
-    speculative = SpeculativeDecoder(target, draft, method="sd", draft_len=args.draft_len, **common)
+    shape = dict(method="gumbel", max_draft_len=args.draft_len) if args.adaptive else dict(method="sd", draft_len=args.draft_len)
+    speculative = SpeculativeDecoder(target, draft, **shape, **common)
     plain = SpeculativeDecoder(target, method="ar", **common)
     plain.target.runner.share_weights_from(speculative.target.runner)
     reference = [speculative.generate(p).token_ids for p in prompts]  # also warms both models up
@@ -98,8 +106,8 @@ def main(argv=None) -> int:
         return f"{statistics.median(values):7.2f} [{min(values):.2f}, {max(values):.2f}]"
 
     print(f"{cpu_name()}, {args.dtype} ({next(target.parameters()).dtype}), {torch.get_num_threads()} thread(s), "
-          f"HumanEval {args.prompts}, B = {args.batch}, {args.tokens} tokens, greedy, sd L = {args.draft_len}, draft = the "
-          f"target's first {args.draft_layers} layers, {args.repeats} repeats, {time.strftime('%Y-%m-%d %H:%M')}")
+          f"HumanEval {args.prompts}, B = {args.batch}, {args.tokens} tokens, greedy, {'gumbel L <= ' if args.adaptive else 'sd L = '}{args.draft_len}, draft = "
+          f"{'the shipped head' if args.draft == 'head' else f'the target' + chr(39) + f's first {args.draft_layers} layers'}, {args.repeats} repeats, {time.strftime('%Y-%m-%d %H:%M')}")
     columns = ["total tok/s", "total tok/cpu-s", "vs alone (wall)", "vs alone (cpu)"]
     print(f"{'config':>11}  {'BE':>5}  " + "  ".join(f"{c:>22}" for c in columns) + "  same tokens as alone")
     for name in names:

@@ -28,18 +28,19 @@ than the context) ends with stop_reason "error" and its message; the others stil
 sequence reaching the context limit stops with "context" as it would alone.
 
 Drafts: the token trees (each sequence its own copy of the decoder's drafter, sharing its
-adjacency table and acceptance estimates), the n-gram draft, a draft model and an EAGLE-3 head batch.
-A head reads the target's hidden states: each sequence's target slot returns its own rows of them
-from the batched forward, and its head steps are queued like forwards and run as one padded head
-call for every sequence waiting on one (``models.head_batch``). A draft model runs like the target: a second ``BatchedLlamaRunner`` over the draft's
-native runner, each sequence's draft adapter on one of its slots. A sequence pauses at whichever
-forward it queues; once every sequence is paused, the draft forward runs first for those waiting on
-it (one packed forward, the others keep waiting at the target), again until no sequence waits on the
-draft, and only then the target forward: a sequence drafting a shorter chain simply waits at the
-target while the others draft on. The draft forwards of a round are timed inside the round's
-overhead, which the batch cost model learns per total of scored tokens, so the budget prices a
-chain's draft tokens with its target tokens. Timing: a sequence's ``seconds`` is the batch's wall time until it finished, and
-each step's ``target_seconds`` the wall time its forward took including the turns of the other
+adjacency table and acceptance estimates), the n-gram draft, a draft model and an EAGLE-3 head. A
+draft model runs like the target: a second ``BatchedLlamaRunner`` over the draft's native runner,
+each sequence's draft adapter on one of its slots. A head reads the target's hidden states: each
+sequence's target slot returns its own rows of them from the batched forward, and its head steps
+are queued like forwards and run as one padded head call (``models.head_batch``). A sequence pauses
+at whichever forward it queues; once every sequence is paused, the draft forwards (draft model or
+head) run first for those waiting on one (the others keep waiting at the target), again until no
+sequence waits on a draft, and only then the target forward: a sequence drafting a shorter chain
+simply waits at the target while the others draft on. The draft forwards of a round are timed
+inside the round's overhead, which the batch cost model learns per total of scored tokens, so the
+budget prices a chain's draft tokens with its target tokens.
+
+Timing: a sequence's ``seconds`` is the batch's wall time until it finished, and each step's ``target_seconds`` the wall time its forward took including the turns of the other
 sequences of that round.
 
 Per-round budget (``engine.batch_budget``): by default the batch's own cost model for the batched
@@ -104,7 +105,7 @@ class _Sequence:
     rng: Rng | None = None
     slot: SlotRunner | None = None
     draft_slot: SlotRunner | None = None  # its slot of the batched draft runner (a draft model)
-    waits_on: str | None = None  # "draft" or "target": the runner whose flush it waits for
+    waits_on: str | None = None  # "target", "draft" or "head": the queue whose flush it waits for
     thread: threading.Thread | None = None
     turn: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     done: bool = False
@@ -253,8 +254,8 @@ class BatchDecoder:
 
     # ----- turns ---------------------------------------------------------------------------
     def _pause(self, seq: _Sequence, waits_on: str | None = None) -> None:
-        """Called in ``seq``'s thread once its forward is queued (``waits_on``: "target" or "draft",
-        the runner it was queued on; None: an offer): hand the turn back, wait for the next."""
+        """Called in ``seq``'s thread once its forward is queued (``waits_on``: "target", "draft" or
+        "head", the queue it is in; None: an offer): hand the turn back, wait for the next."""
         seq.waits_on = waits_on
         self._lock.release()
         seq.turn.acquire()
@@ -407,9 +408,10 @@ class BatchDecoder:
 
     def _run_turns(self, running: list[_Sequence], planned: bool, check=None) -> BatchRoundDecision | None:
         """One round's turns up to its target forward: every live sequence runs (in batch order)
-        to its offer or its next forward; then, while any sequence waits, the draft runner is
-        flushed for those waiting on it (the others keep waiting at the target) and they run on,
-        or, once none waits on the draft, the offers are planned (``_plan_round``). Returns the
+        to its offer or its next forward; then, while any sequence waits, the draft runner and
+        head queues are flushed for those waiting on them (the others keep waiting at the target)
+        and they run on, or, once none waits on a draft, the offers are planned (``_plan_round``)
+        and the offering sequences draft their shares. Returns the
         plan when all wait at the target (or are done). ``check(running)`` runs after each pass
         (default: re-raise a sequence's unexpected error)."""
         check = self._raise_failure if check is None else check

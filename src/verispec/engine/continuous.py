@@ -85,8 +85,10 @@ class ContinuousBatch(BatchDecoder):
     (None: leave torch's setting); budget: None (default): the batch budget splits each forward's
     tokens between the sequences by expected tokens per predicted second of the batched forward
     (``engine.batch_budget``), as ``generate_batch`` does; or a ``BudgetPolicy`` capping each
-    token-tree sequence's tree (``drafter_choice``: each drafter's own choice). Not thread-safe: one
-    thread calls ``add`` / ``cancel`` / ``step`` (a server's scheduler loop)."""
+    token-tree sequence's tree (``drafter_choice``: each drafter's own choice); draft: a draft
+    model's ``HFModelAdapter`` on the native Llama runner whose forwards the batch runs packed for
+    the sequences added with ``drafts=True`` (a ``decoder`` drafting with a draft model lends its
+    own). Not thread-safe: one thread calls ``add`` / ``cancel`` / ``step`` (a server's scheduler loop)."""
 
     def __init__(self, decoder, max_batch: int = 8, threads: int | None = None, budget: BudgetPolicy | None = None,
                  draft=None):
