@@ -215,7 +215,8 @@ class BatchDecoder:
     def _draft_adapter(self, seq: _Sequence) -> HFModelAdapter:
         """A draft adapter for ``seq`` on a new slot of the batched draft runner."""
         if self.draft_runner is None:
-            self.draft_runner = BatchedLlamaRunner(self._draft_base, initial_slots=self.max_batch)
+            # as many slots as the target's runner was made with (it grows the same way)
+            self.draft_runner = BatchedLlamaRunner(self._draft_base, initial_slots=self.runner.kv.slots)
         seq.draft_slot = self.draft_runner.open(wait=lambda: self._pause(seq, "draft"))
         return HFModelAdapter(self._draft_base.model, runner=seq.draft_slot)
 
