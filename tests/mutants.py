@@ -540,9 +540,10 @@ MUTANTS += [
     Mutant(
         "batch_draft_rows_rotated",
         "the batched draft forward hands each sequence the next sequence's rows (still exact in law: only the seeded solo comparison sees it)",
-        (("engine/batch.py", "                self.draft_runner.flush()\n",
-          "                self.draft_runner.flush()\n                rows = self.draft_runner._results; order = sorted(rows)\n"
-          "                self.draft_runner._results = dict(zip(order, [rows[s] for s in order[1:] + order[:1]]))\n"),),
+        (("engine/batch.py", "                turns = drafting\n",
+          "                rows = self.draft_runner._results; order = sorted(rows)\n"
+          "                self.draft_runner._results = dict(zip(order, [rows[s] for s in order[1:] + order[:1]]))\n"
+          "                turns = drafting\n"),),
         (BATCH_DRAFT_TESTS + "::test_seeded_batch_with_a_draft_model_equals_each_prompt_alone",),
     ),
     Mutant(
