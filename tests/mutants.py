@@ -585,6 +585,13 @@ MUTANTS += [
         (BATCH_DRAFT_TESTS,),
     ),
     Mutant(
+        "batch_overhead_without_drafts",
+        "the batch cost model learns no overhead (the batched draft forwards before the target forward go unpriced)",
+        (("engine/batch.py", "self.decoder.batch_cost_model.record(scored, end - tic, tic - round_start)",
+          "self.decoder.batch_cost_model.record(scored, end - tic, 0.0)"),),
+        (BATCH_DRAFT_TESTS + "::test_the_batch_budget_prices_the_draft_forwards_in_the_round",),
+    ),
+    Mutant(
         "probe_ignores_its_cost",
         "probes come every + 1 rounds apart whatever a probe costs (where forwards cost linearly they take a fifth of the time)",
         (("draft/tree_policy.py", "        return max(self.every, math.ceil(extra / self.max_overhead) - 1)", "        return self.every"),),

@@ -254,3 +254,31 @@ def test_head_steps_of_all_sequences_run_as_one(monkeypatch):
     outputs = decoder.generate_batch(PROMPTS, seeds=[1, 2, 3])
     calls = sum(step.draft_calls for output in outputs for step in output.steps)
     assert max(sizes) == 3 and len(sizes) < calls
+
+
+def test_the_batch_budget_prices_the_draft_forwards_in_the_round(monkeypatch):
+    """The batched draft forwards run between the round's start and its target forward, so each
+    planned round's measured overhead (and the batch cost model's overhead readings, which price
+    the next rounds' chains) holds them: with every draft flush slowed by 20 ms, a round in which a
+    sequence made k draft calls has at least k x 20 ms of overhead."""
+    import time
+
+    delay = 0.02
+    flush = BatchedLlamaRunner.flush
+
+    def slow(self):
+        flush(self)
+        if len(self.base.layers) == 1:
+            time.sleep(delay)
+
+    monkeypatch.setattr(BatchedLlamaRunner, "flush", slow)
+    decoder = SpeculativeDecoder(tiny_target(), tiny_draft(), method="gumbel", max_draft_len=3, top_k=0, eos_token_id=[],
+                                 max_new_tokens=8)
+    outputs = decoder.generate_batch(PROMPTS, seeds=[1, 2, 3])
+    drafting = [step for output in outputs for step in output.steps if step.draft_calls and step.policy.batch is not None]
+    assert drafting
+    for step in drafting:
+        plan = step.policy.batch
+        assert plan.measured_round_seconds - plan.measured_target_seconds >= delay * step.draft_calls
+    readings = [seconds for bucket in decoder.batch_cost_model.overhead_readings for _, seconds in bucket]
+    assert any(seconds >= delay for seconds in readings)
