@@ -1,5 +1,7 @@
-"""Batched decoding with a draft model (``engine.batch``): the draft forwards of all sequences run
-as one packed forward of a second ``BatchedLlamaRunner``, and each sequence keeps its solo law.
+"""Batched decoding with a draft model or an EAGLE-3 head (``engine.batch``): the draft forwards of
+all sequences run as one packed forward of a second ``BatchedLlamaRunner`` (a head: each sequence's
+features come from the batched target forward, its steps run as one padded head call,
+``models.head_batch``), and each sequence keeps its solo law.
 
 Exact law: as tests/engine/test_batch_engine.py (replay enumerator on the middle sequence of a
 batch of three, float64 tiny Llama target), with a one-layer tiny Llama draft model: the batch's
@@ -194,11 +196,12 @@ def tiny_headed_pair():
 
 
 @pytest.mark.slow
-def test_batch_law_with_a_head_equals_solo_law_and_target_law():
+@pytest.mark.parametrize("case", ["sd", "spectr"])
+def test_batch_law_with_a_head_equals_solo_law_and_target_law(case):
     target, head = tiny_headed_pair()
-    law = batch_law(lambda: make_decoder("sd", target, head))
+    law = batch_law(lambda: make_decoder(case, target, head))
     assert len(law) >= 8
-    alone = solo_law(lambda: make_decoder("sd", target, head), PROMPTS[1])
+    alone = solo_law(lambda: make_decoder(case, target, head), PROMPTS[1])
     assert max_abs_difference(law, alone) < 1e-12
     params = SamplingParams(1.0, 2, 1.0)
     memo = ForwardMemo(target)
