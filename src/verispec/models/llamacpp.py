@@ -322,6 +322,7 @@ class LlamaCppAdapter(RoundState):
         params.flash_attn_type = {None: lib.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                                   False: lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         params.no_perf = True
+        self.context_params = params  # copied by a batch's shared context (models.llamacpp_batch)
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
             raise ConfigError(
