@@ -41,7 +41,7 @@ from verispec.models.llamacpp import DEFAULT_SEQ_MAX, LlamaCppAdapter
 from verispec.models.tree_round import check_prompt
 
 GARBAGE_SEQ = 0  # the sequence id of retired cells: never read by any forward
-MAX_CELLS = 32768  # default cap of the shared cache (cells x ~23 KB per cell for the default target)
+MAX_CELLS = 16384  # default cap of the shared cache (~23 KB per cell for the default target: 0.4 GB)
 
 
 @dataclass
@@ -65,6 +65,9 @@ class LlamaCppBatch:
 
     def __init__(self, target: LlamaCppAdapter, slots: int, cells: int | None = None, paths: int | None = None):
         lib = target._llama
+        self._ctx = self._batch = None
+        self.open_slots: list[LlamaCppSlot] = []
+        # the target stays referenced: its model (the weights this context reads) outlives the context
         self._llama, self.target = lib, target
         limit = lib.llama_max_parallel_sequences()
         if not 1 <= int(slots) <= limit - 1:
@@ -85,9 +88,9 @@ class LlamaCppBatch:
         if not self._ctx:
             raise ConfigError(f"llama.cpp could not create a batch context of {self.cells} cells; give fewer cells or max_batch")
         self._memory = lib.llama_get_memory(self._ctx)
+        self.cells = int(lib.llama_n_ctx(self._ctx))  # llama.cpp rounds its cache up (to 256 cells)
         self._batch = lib.llama_batch_init(max(target.prefill_batch, target.n_batch), 0, params.n_seq_max)
         self._free_slots = list(range(self.slots))
-        self.open_slots: list[LlamaCppSlot] = []
         self._queued: dict[int, _Submission] = {}
         self._results: dict[int, np.ndarray | ConfigError] = {}
 
