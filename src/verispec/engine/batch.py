@@ -236,9 +236,9 @@ class BatchDecoder:
         llama.cpp context for every slot at once (its sequence ids are fixed when it is created,
         ``models.llamacpp_batch``), or the native runner's slotted KV cache."""
         if self._llamacpp:
-            from verispec.models.llamacpp_batch import LlamaCppBatch
+            from verispec.models.llamacpp_batch import shared_batch
 
-            return LlamaCppBatch(self.decoder.target, slots=self.max_batch)
+            return shared_batch(self.decoder.target, self.max_batch)
         return BatchedLlamaRunner(self._base_runner, initial_slots=min(self.max_batch, count))
 
     def _slot_adapter(self, slot):

@@ -569,6 +569,9 @@ class LlamaCppAdapter(RoundState):
         lib = getattr(self, "_llama", None)
         if lib is None:
             return
+        shared = self.__dict__.pop("shared_batch", None)  # a batch context on this model (models.llamacpp_batch) goes first
+        if shared is not None:
+            shared.close_context()
         if self._batch is not None:
             lib.llama_batch_free(self._batch)
             self._batch = None
