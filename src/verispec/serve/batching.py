@@ -19,8 +19,9 @@ Requests that cannot share the batched forward (a draft model or a draft head: t
 forwards do not batch yet) are decoded on a side worker (its own target and draft adapters over
 the same weights), one round of one such request after each batched round, in arrival order: they
 are served, more slowly, and hold up the batch by one of their rounds per round. A target the
-batched runner cannot run (llama.cpp, the transformers forward) cannot use this scheduler at all:
-``build_server`` then refuses it with the advice to use ``--scheduler workers``.
+batched runner cannot run (the transformers forward) cannot use this scheduler at all:
+``build_server`` then refuses it with the advice to use ``--scheduler workers``. A llama.cpp target
+batches in one shared llama.cpp context (``models.llamacpp_batch``).
 """
 
 from __future__ import annotations
