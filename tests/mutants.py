@@ -557,6 +557,12 @@ MUTANTS += [
         (LLAMACPP_BATCH_TESTS,),
     ),
     Mutant(
+        "llamacpp_batch_never_drains",
+        "a llama.cpp batch admits new sequences whatever its cache holds: retired cells pile up until forwards fail",
+        ((LLAMACPP_BATCH, "        return self.fed <= self.cells // 2", "        return True"),),
+        (LLAMACPP_BATCH_TESTS + "::test_a_long_batch_drains_so_its_shared_cache_is_cleared",),
+    ),
+    Mutant(
         "probe_ignores_its_cost",
         "probes come every + 1 rounds apart whatever a probe costs (where forwards cost linearly they take a fifth of the time)",
         (("draft/tree_policy.py", "        return max(self.every, math.ceil(extra / self.max_overhead) - 1)", "        return self.every"),),

@@ -323,7 +323,7 @@ class BatchDecoder:
         start = round_start = time.perf_counter()
         try:
             while waiting or running:
-                while waiting and len(running) < self.max_batch:
+                while waiting and len(running) < self.max_batch and (not running or self.runner.admits()):
                     seq = waiting.pop(0)
                     self._start(seq, settings[seq.index], planned)
                     running.append(seq)

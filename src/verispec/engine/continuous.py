@@ -133,7 +133,7 @@ class ContinuousBatch(BatchDecoder):
             seq.stopped, seq.done, seq.finished_at = seq.stop_request, True, time.perf_counter()
         if self.runner is None and self.waiting:
             self.runner = self._target_slots(len(self.waiting))
-        while self.waiting and len(self.running) < self.max_batch:
+        while self.waiting and len(self.running) < self.max_batch and (not self.running or self.runner.admits()):
             seq = self.waiting.pop(0)
             seq.started_at = time.perf_counter()
             self._start(seq, None)

@@ -21,8 +21,9 @@ with the garbage sequence id 0 (which no forward reads) and stripped of the sequ
 Every new cell then lands after every existing one, each sequence's cells stay in position order,
 and each row equals the row of the sequence decoded alone. The price is room: the shared cache
 holds every token ever fed until the last sequence closes (then it is cleared), so its size
-(``cells``) bounds the total fed tokens of a batch; a forward that does not fit ends the
-sequences of that forward with a ConfigError naming ``cells``.
+(``cells``) bounds the tokens fed while sequences overlap; a forward that does not fit ends the
+sequences of that forward with a ConfigError naming ``cells``. Once half the cache is used, no new
+sequence joins (``admits``) until the running ones finish and the cache is cleared.
 
 A sequence's prefill (``reset``) runs at once in its own ``llama_decode`` calls (the other
 sequences are paused), in the prefill chunks of the solo adapter, so its rows are the solo ones.
@@ -105,6 +106,7 @@ class LlamaCppBatch:
         self.cells = int(lib.llama_n_ctx(self._ctx))  # llama.cpp rounds its cache up (to 256 cells)
         self._batch = lib.llama_batch_init(max(target.prefill_batch, target.n_batch), 0, params.n_seq_max)
         self._free_slots = list(range(self.slots))
+        self.fed = 0  # cells written since the cache was last cleared (retired ones included)
         self._queued: dict[int, _Submission] = {}
         self._results: dict[int, np.ndarray | ConfigError] = {}
 
@@ -129,6 +131,13 @@ class LlamaCppBatch:
         self._free_slots.append(slot.index)
         if not self.open_slots:  # no live cell left: the whole cache is free again, in order
             self._llama.llama_memory_clear(self._memory, True)
+            self.fed = 0
+
+    def admits(self) -> bool:
+        """Whether a new sequence may join the running ones: while at most half of the cache is
+        used. Past that the batch drains (no one joins until the running sequences finish and the
+        cache is cleared), so a batch or server that never empties still clears its cache."""
+        return self.fed <= self.cells // 2
 
     def global_id(self, slot: int, seq: int) -> int:
         """The llama.cpp sequence id of a slot's local sequence id (0 = its committed text)."""
@@ -191,6 +200,7 @@ class LlamaCppBatch:
                 batch.logits[j] = bool(entries.logits[i])
             batch.n_tokens = end - start
             status = lib.llama_decode(self._ctx, batch)
+            self.fed += end - start if status == 0 else 0
             if status != 0:
                 raise ConfigError(
                     f"llama_decode failed with status {status} on {end - start} tokens of a batch (1: the shared cache "
