@@ -23,7 +23,7 @@ import numpy as np
 from verispec.models.llamacpp import LlamaCppAdapter, gguf_of_target
 from verispec.models.llamacpp_batch import LlamaCppBatch
 
-PROMPT_LENGTHS = (9, 23, 5)
+PROMPT_LENGTHS = (9, 150, 70)  # 64 tokens or more: the prefill goes through llama.cpp's tiled flash attention
 JOIN_ROUND = 3  # sequence 1 leaves and sequence 2 joins after this round
 
 

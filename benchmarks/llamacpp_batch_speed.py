@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     if widest > 1:  # the shared batch context is created once, outside the timings
         plain.generate_batch(prompts[:2], max_batch=widest, max_new_tokens=1)
     runs: dict[tuple[int, str], list[tuple[int, float, float]]] = {}  # -> per repeat (tokens, wall, cpu)
-    mismatches = [0, 0]
+    mismatches = {key: [0, 0] for key in configs}  # -> [differing, decoded]
     for repeat in range(args.repeats):
         order = configs[repeat % len(configs):] + configs[: repeat % len(configs)]
         totals = {key: [0, 0.0, 0.0] for key in configs}
@@ -86,8 +86,8 @@ def main(argv=None) -> int:
                 totals[key][0] += sum(o.new_tokens for o in outputs)
                 totals[key][1] += wall
                 totals[key][2] += cpu
-                mismatches[0] += sum(o.token_ids != reference[i] for o, i in zip(outputs, group))
-                mismatches[1] += len(outputs)
+                mismatches[key][0] += sum(o.token_ids != reference[i] for o, i in zip(outputs, group))
+                mismatches[key][1] += len(outputs)
         for key, total in totals.items():
             runs.setdefault(key, []).append(tuple(total))
 
@@ -106,7 +106,8 @@ def main(argv=None) -> int:
             [(t / c) / (ta / ca) for (t, _, c), (ta, _, ca) in zip(series, alone)],
         ]
         print(f"{key[0]:>2}  {key[1]:>13}  " + "  ".join(f"{spread(c):>21}" for c in cells))
-    print(f"greedy outputs differing from plain generate's: {mismatches[0]} of {mismatches[1]}")
+    print("greedy outputs differing from plain generate's: "
+          + ", ".join(f"{name}-{size} {bad} of {total}" for (size, name), (bad, total) in mismatches.items()))
     return 0
 
 

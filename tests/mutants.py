@@ -557,6 +557,14 @@ MUTANTS += [
         (LLAMACPP_BATCH_TESTS,),
     ),
     Mutant(
+        "llamacpp_batch_prefill_in_place",
+        "a llama.cpp batch prefills a prompt in the shared cache, where its cells do not start at cell 0",
+        ((LLAMACPP_BATCH, "            self.batch.prefill(self.batch.global_id(self.index, 0), prompt)\n",
+          "            body = prompt[:-1]\n            self.batch.decode(_Submission(body, list(range(len(body))), "
+          "self._global([(0,)] * len(body)), [False] * len(body)), self.prefill_batch)\n"),),
+        (LLAMACPP_BATCH_TESTS + "::test_batched_rows_on_the_default_gguf_are_the_solo_rows_bit_for_bit",),
+    ),
+    Mutant(
         "llamacpp_batch_never_drains",
         "a llama.cpp batch admits new sequences whatever its cache holds: retired cells pile up until forwards fail",
         ((LLAMACPP_BATCH, "        return self.fed <= self.cells // 2", "        return True"),),

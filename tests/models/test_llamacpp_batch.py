@@ -140,11 +140,13 @@ def test_batched_rows_on_the_tiny_gguf_equal_solo_rows_within_batch_variance(ggu
 def test_batched_rows_on_the_default_gguf_are_the_solo_rows_bit_for_bit():
     """The default target (Q4_1, F16 cache, flash attention): its kernels are batch-invariant up
     to 63 tokens, so a batch's rows must be the solo rows exactly; the cell order matters here
-    (freeing rejected cells instead of retiring them moves rows by up to ~1.1)."""
+    (freeing rejected cells instead of retiring them moves rows by up to ~1.1), and so does where a
+    long prompt's prefill is computed (see ``LlamaCppBatch.prefill``)."""
     from verispec.models.llamacpp import gguf_of_target
 
     path = gguf_of_target("default")
-    scripts = [script(seed, length, vocab=2000) for seed, length in zip((1, 2, 3), (9, 23, 5))]
+    # prompts of 64 tokens or more prefill through llama.cpp's tiled flash attention, which groups cells by index
+    scripts = [script(seed, length, vocab=2000) for seed, length in zip((1, 2, 3), (9, 150, 70))]
     solo, together, _ = solo_and_batched_rows(lambda: LlamaCppAdapter(path, n_threads=1), scripts)
     assert largest_difference(solo, together) == 0.0
 

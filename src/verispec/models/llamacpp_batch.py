@@ -25,8 +25,10 @@ holds every token ever fed until the last sequence closes (then it is cleared), 
 sequences of that forward with a ConfigError naming ``cells``. Once half the cache is used, no new
 sequence joins (``admits``) until the running ones finish and the cache is cleared.
 
-A sequence's prefill (``reset``) runs at once in its own ``llama_decode`` calls (the other
-sequences are paused), in the prefill chunks of the solo adapter, so its rows are the solo ones.
+A sequence's prefill (``reset``) is computed in the target's own context exactly as alone and its
+cells copied into the shared cache (``LlamaCppBatch.prefill``: llama.cpp's flash attention over 64
+or more tokens groups cells by their index from cell 0, so a prefill computed at another offset
+gives other values).
 """
 
 from __future__ import annotations
@@ -215,6 +217,25 @@ class LlamaCppBatch:
             return np.zeros((0, vocab), dtype=np.float32)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
+    def prefill(self, seq: int, prompt: list[int]) -> None:
+        """Make ``prompt[:-1]`` the cells of llama.cpp sequence ``seq`` (which holds none): computed
+        in the target's own context exactly as alone (cells from 0), then copied here
+        (``llama_state_seq_get_data`` / ``set_data``: keys and values only, ~23 KB a token for the
+        default target). Computing it here would not give the solo rows: for a forward of 64 tokens
+        or more llama.cpp's CPU flash attention works in tiles of 64 cells counted from cell 0, so a
+        prompt whose cells start elsewhere in the shared cache is summed in other groups."""
+        lib, target = self._llama, self.target
+        target.reset(prompt)
+        size = lib.llama_state_seq_get_size(target._ctx, 0)
+        buffer = (ctypes.c_uint8 * size)()
+        lib.llama_state_seq_get_data(target._ctx, buffer, size, 0)
+        if lib.llama_state_seq_set_data(self._ctx, buffer, size, seq) == 0:
+            raise ConfigError(
+                f"the shared cache of {self.cells} cells has no room for a prompt of {len(prompt)} tokens (it keeps every "
+                "token fed until the batch ends); give the batch more cells, or run fewer sequences at once (max_batch)"
+            )
+        self.fed += len(prompt) - 1
+
     def retire(self, seq: int, position: int) -> None:
         """Move the cells of llama.cpp sequence ``seq`` at ``position`` and beyond to the garbage
         sequence (kept, never read), so that no hole opens before another sequence's cells."""
@@ -266,11 +287,8 @@ class LlamaCppSlot(LlamaCppAdapter):
         return [[self.batch.global_id(self.index, s) for s in ids] for ids in seqs]
 
     def _decode(self, tokens, positions, seqs, logits, chunk: int | None = None) -> np.ndarray:
-        """A prefill (``chunk`` given) runs at once; a round's forward is submitted to the batch,
-        run by its flush (``wait``), and returns this sequence's rows."""
+        """A round's forward: submitted to the batch, run by its flush (``wait``); this sequence's rows."""
         entries = _Submission([int(t) for t in tokens], list(positions), self._global(seqs), [bool(x) for x in logits])
-        if chunk is not None:
-            return self.batch.decode(entries, chunk)
         self.batch.submit(self.index, entries)
         if self.wait is None:
             self.batch.flush()
@@ -296,17 +314,16 @@ class LlamaCppSlot(LlamaCppAdapter):
         self._cached_len = 0
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
-        """Start a sequence: its old cells retired, prompt_ids[:-1] prefilled in its own
-        ``llama_decode`` calls, prompt_ids[-1] the pending root."""
+        """Start a sequence: its old cells retired, prompt_ids[:-1] prefilled as alone
+        (``LlamaCppBatch.prefill``), prompt_ids[-1] the pending root."""
         prompt = check_prompt(prompt_ids, self.max_context)
         self._check_tokens(prompt)
         self.retire_all()
         self._tokens = prompt
         self._clear_tree()
         if len(prompt) > 1:
-            body = prompt[:-1]
-            self._decode(body, range(len(body)), [(0,)] * len(body), [False] * len(body), chunk=self.prefill_batch)
-            self._cached_len = len(body)
+            self.batch.prefill(self.batch.global_id(self.index, 0), prompt)
+            self._cached_len = len(prompt) - 1
 
     def close(self) -> None:
         """Leave the batch (cells retired, ids freed)."""
