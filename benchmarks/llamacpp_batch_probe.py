@@ -5,9 +5,8 @@ trees and random accepted paths (a seeded script, the same for every run): first
 its own context (``LlamaCppAdapter``), then together in one shared context (``LlamaCppBatch``),
 every round's forwards of the live sequences as ONE ``llama_decode``; sequence 1 finishes after
 round 3 and sequence 2 joins then. Printed: the largest |row difference| of every sequence
-against its solo rows, for the batch as built (rejected cells retired to a garbage sequence) and
-for the naive layout that frees them (``--free``: the holes are refilled by other sequences'
-later tokens, out of position order).
+against its solo rows, for the batch as built (rejected cells retired to a garbage sequence,
+prompts prefilled in the target's own context and copied in) and for two naive layouts (LAYOUTS).
 
     PYTHONPATH=src python benchmarks/llamacpp_batch_probe.py [--model default|PATH.gguf] [--rounds 8]
 """
@@ -21,10 +20,14 @@ import threading
 import numpy as np
 
 from verispec.models.llamacpp import LlamaCppAdapter, gguf_of_target
-from verispec.models.llamacpp_batch import LlamaCppBatch
+from verispec.models.llamacpp_batch import LlamaCppBatch, _Submission
 
 PROMPT_LENGTHS = (9, 150, 70)  # 64 tokens or more: the prefill goes through llama.cpp's tiled flash attention
-JOIN_ROUND = 3  # sequence 1 leaves and sequence 2 joins after this round
+JOIN_ROUND = 3
+# built: rejected cells retired, prompts prefilled in the target's own context and copied in;
+# freed: rejected cells freed (holes refilled by later tokens out of position order);
+# prefilled in place: a prompt's prefill computed in the shared cache (its cells not from cell 0)
+LAYOUTS = ("built", "freed", "prefilled in place")  # sequence 1 leaves and sequence 2 joins after this round
 
 
 def random_tree(rng: random.Random, vocab: int) -> tuple[list[int], list[int]]:
@@ -73,13 +76,22 @@ def solo_rows(path, script, options) -> list[np.ndarray]:
     return rows
 
 
-def batch_rows(path, all_scripts, options, free: bool) -> list[list[np.ndarray]]:
+def prefill_in_place(batch: LlamaCppBatch, seq: int, prompt: list[int]) -> None:
+    """A prompt's prefill computed in the shared cache itself (its cells after the others')."""
+    body = prompt[:-1]
+    entries = _Submission(body, list(range(len(body))), [[seq]] * len(body), [False] * len(body))
+    batch.decode(entries, batch.target.prefill_batch)
+
+
+def batch_rows(path, all_scripts, options, layout: str) -> list[list[np.ndarray]]:
     """Rows of every sequence decoded together (sequence 1 leaves, 2 joins after JOIN_ROUND)."""
     target = LlamaCppAdapter(path, **options)
     batch = LlamaCppBatch(target, slots=2)
-    if free:  # the naive layout: rejected cells freed, as a solo adapter does
+    if layout == "freed":  # rejected cells freed, as a solo adapter does
         lib, memory = batch._llama, batch._memory
         batch.retire = lambda seq, position: lib.llama_memory_seq_rm(memory, seq, position, -1)
+    elif layout == "prefilled in place":
+        batch.prefill = lambda seq, prompt: prefill_in_place(batch, seq, prompt)
     rows: list[list[np.ndarray]] = [[] for _ in all_scripts]
     live, step_of = {}, {}
     barrier: list[threading.Barrier] = []
@@ -136,13 +148,12 @@ def main() -> None:
     for seed in range(args.seeds):
         all_scripts = scripts(args.rounds, min(vocab, 2000), seed)
         solo = [solo_rows(path, s, options) for s in all_scripts]
-        for free in (False, True):
-            together = batch_rows(path, all_scripts, options, free)
+        for layout in LAYOUTS:
+            together = batch_rows(path, all_scripts, options, layout)
             diffs = []
             for i in range(len(all_scripts)):
                 pairs = list(zip(together[i], solo[i]))
                 diffs.append(max(float(np.abs(a - b).max()) for a, b in pairs) if pairs else float("nan"))
-            layout = "freed cells (naive)" if free else "retired cells (built)"
             print(f"| {seed} | {layout} | " + " | ".join(f"{d:.3g}" for d in diffs) + " |")
 
 

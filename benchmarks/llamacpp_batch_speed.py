@@ -86,7 +86,12 @@ def main(argv=None) -> int:
                 totals[key][0] += sum(o.new_tokens for o in outputs)
                 totals[key][1] += wall
                 totals[key][2] += cpu
-                mismatches[key][0] += sum(o.token_ids != reference[i] for o, i in zip(outputs, group))
+                for o, i in zip(outputs, group):
+                    if o.token_ids != reference[i]:
+                        mismatches[key][0] += 1
+                        first = next((j for j, (a, b) in enumerate(zip(o.token_ids, reference[i])) if a != b), None)
+                        print(f"differs: {name} B={size} prompt {ids[i]} from token {first}, stop {o.stop_reason} "
+                              f"{o.error or ''}", flush=True)
                 mismatches[key][1] += len(outputs)
         for key, total in totals.items():
             runs.setdefault(key, []).append(tuple(total))
