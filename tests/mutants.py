@@ -44,6 +44,8 @@ ROWS = "core/rows.py"
 ROW_KERNELS = "core/logit_kernels.py"
 ROWS_TESTS = "tests/core/test_rows.py"
 BATCH_DRAFT_TESTS = "tests/engine/test_batch_draft_model.py"
+LLAMACPP_BATCH = "models/llamacpp_batch.py"
+LLAMACPP_BATCH_TESTS = "tests/models/test_llamacpp_batch.py"
 
 
 @dataclass(frozen=True)
@@ -536,6 +538,38 @@ MUTANTS += [
         "the batch budget merges the offers worst first (kept nodes are no longer the most promising)",
         (("engine/batch_budget.py", "    entries = sorted((-float(score), owner, position)", "    entries = sorted((float(score), owner, position)"),),
         ("tests/engine/test_batch_budget.py",),
+    ),
+    Mutant(
+        "llamacpp_batch_frees_cells",
+        "a llama.cpp batch frees rejected cells as a solo adapter does: holes refilled out of position order",
+        ((LLAMACPP_BATCH, "        self._llama.llama_memory_seq_cp(self._memory, seq, GARBAGE_SEQ, position, -1)\n", ""),),
+        (LLAMACPP_BATCH_TESTS + "::test_batched_rows_on_the_default_gguf_are_the_solo_rows_bit_for_bit",),
+    ),
+    Mutant(
+        "llamacpp_batch_rows_misrouted",
+        "a llama.cpp batch joins the sequences' entries in one order and hands the rows back in another",
+        ((LLAMACPP_BATCH, "        for slot in order:\n            for name in", "        for slot in reversed(order):\n            for name in"),),
+        (LLAMACPP_BATCH_TESTS,),
+    ),
+    Mutant(
+        "llamacpp_batch_ids_overlap",
+        "the sequence-id ranges of a llama.cpp batch's slots overlap (a sequence reads another's cells)",
+        ((LLAMACPP_BATCH, "        return 1 + slot * self.paths + seq", "        return 1 + slot + seq"),),
+        (LLAMACPP_BATCH_TESTS,),
+    ),
+    Mutant(
+        "llamacpp_batch_prefill_in_place",
+        "a llama.cpp batch prefills a prompt in the shared cache, where its cells do not start at cell 0",
+        ((LLAMACPP_BATCH, "            self.batch.prefill(self.batch.global_id(self.index, 0), prompt)\n",
+          "            body = prompt[:-1]\n            self.batch.decode(_Submission(body, list(range(len(body))), "
+          "self._global([(0,)] * len(body)), [False] * len(body)), self.prefill_batch)\n"),),
+        (LLAMACPP_BATCH_TESTS + "::test_batched_rows_on_the_default_gguf_are_the_solo_rows_bit_for_bit",),
+    ),
+    Mutant(
+        "llamacpp_batch_never_drains",
+        "a llama.cpp batch admits new sequences whatever its cache holds: retired cells pile up until forwards fail",
+        ((LLAMACPP_BATCH, "        return self.fed <= self.cells // 2", "        return True"),),
+        (LLAMACPP_BATCH_TESTS + "::test_a_long_batch_drains_so_its_shared_cache_is_cleared",),
     ),
     Mutant(
         "batch_draft_rows_rotated",

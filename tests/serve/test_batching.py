@@ -224,8 +224,6 @@ def test_targets_the_batch_cannot_run_are_refused_with_advice(tiny_pair, tokeniz
 
     with pytest.raises(ConfigError, match="--scheduler workers"):
         build_batch_scheduler(tiny_pair[0], None, tokenizer, 4, 4, backend="transformers")
-    with pytest.raises(ConfigError, match="--scheduler workers"):
-        build_batch_scheduler("default", None, tokenizer, 4, 4, backend="llamacpp")
     assert isinstance(build_batch_scheduler(tiny_pair[0], None, tokenizer, 2, 4), BatchScheduler)
 
 

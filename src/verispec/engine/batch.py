@@ -145,7 +145,7 @@ def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
 
 class BatchDecoder:
     """Decodes batches of prompts with the settings of ``decoder`` (a ``SpeculativeDecoder`` whose
-    target runs on the native Llama runner). Holds the slotted KV cache between calls."""
+    target runs on the native Llama runner or on llama.cpp). Holds the shared KV cache between calls."""
 
     def __init__(self, decoder, max_batch: int = 8):
         if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
@@ -156,18 +156,16 @@ class BatchDecoder:
                 f"batched decoding drafts with the token trees, the n-gram draft, a draft model or a head; the "
                 f"{type(drafter).__name__} draft cannot batch: use one of those, or decode one prompt at a time with generate"
             )
-        if getattr(decoder.target, "backend", None) == "llamacpp":
-            raise ConfigError("batched decoding is not built for the llamacpp backend yet: decode one prompt at a time "
-                              "with generate, or batch on torch (backend 'auto' or 'native' with a Llama model)")
         if decoder.step_callback is not None:
             raise ConfigError("step_callback is not supported in batched decoding (it cannot tell the sequences apart); "
                               "use generate per prompt to record rounds")
         self.decoder = decoder
         self.max_batch = int(max_batch)
-        # checked here, allocated at the first batch with as many slots as it runs at once
-        self._base_runner = decoder.target.runner
-        BatchedLlamaRunner.check_base(self._base_runner)
-        self.runner: BatchedLlamaRunner | None = None
+        self._llamacpp = getattr(decoder.target, "backend", None) == "llamacpp"
+        if not self._llamacpp:  # checked here, allocated at the first batch with as many slots as it runs at once
+            self._base_runner = decoder.target.runner
+            BatchedLlamaRunner.check_base(self._base_runner)
+        self.runner = None  # the shared target forward (_target_slots)
         self._draft_base = None  # the draft model's native runner, whose weights the draft forwards batch
         self.draft_runner: BatchedLlamaRunner | None = None
         self.head_steps: dict[object, BatchedHeadSteps] = {}  # per head module: its sequences' queued steps
@@ -216,7 +214,8 @@ class BatchDecoder:
         """A draft adapter for ``seq`` on a new slot of the batched draft runner."""
         if self.draft_runner is None:
             # as many slots as the target's runner was made with (it grows the same way)
-            self.draft_runner = BatchedLlamaRunner(self._draft_base, initial_slots=self.runner.kv.slots)
+            slots = self.runner.kv.slots if isinstance(self.runner, BatchedLlamaRunner) else self.max_batch
+            self.draft_runner = BatchedLlamaRunner(self._draft_base, initial_slots=slots)
         seq.draft_slot = self.draft_runner.open(wait=lambda: self._pause(seq, "draft"))
         return HFModelAdapter(self._draft_base.model, runner=seq.draft_slot)
 
@@ -291,11 +290,24 @@ class BatchDecoder:
         seq.turn.release()
         self._lock.acquire()
 
+    def _target_slots(self, count: int):
+        """The shared target forward whose ``open(wait)`` gives each sequence its slot: one
+        llama.cpp context for every slot at once (its sequence ids are fixed when it is created,
+        ``models.llamacpp_batch``), or the native runner's slotted KV cache."""
+        if self._llamacpp:
+            from verispec.models.llamacpp_batch import shared_batch
+
+            return shared_batch(self.decoder.target, self.max_batch)
+        return BatchedLlamaRunner(self._base_runner, initial_slots=min(self.max_batch, count))
+
+    def _slot_adapter(self, slot):
+        """A sequence's target adapter over its slot (a llama.cpp slot is an adapter itself)."""
+        return slot if self._llamacpp else HFModelAdapter(self.decoder.target.model, runner=slot)
+
     def _start(self, seq: _Sequence, settings, planned: bool) -> None:
         seq.slot = self.runner.open(wait=lambda: self._pause(seq, "target"))
         try:
-            target = HFModelAdapter(self.decoder.target.model, runner=seq.slot)
-            seq.decoder = self._sequence_decoder(target, *settings, draft=self._drafter(seq))
+            seq.decoder = self._sequence_decoder(self._slot_adapter(seq.slot), *settings, draft=self._drafter(seq))
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
@@ -376,7 +388,7 @@ class BatchDecoder:
             return [self._decode_alone(prompt, rng, setting) for prompt, rng, setting in zip(prompts, rngs, settings)]
         planned = budget is None
         if self.runner is None:  # KV buffers of max_batch slots would be zero-filled for nothing when fewer run
-            self.runner = BatchedLlamaRunner(self._base_runner, initial_slots=min(self.max_batch, count))
+            self.runner = self._target_slots(count)
         self._aborted = False
         sequences = [_Sequence(i, prompt, rng=rngs[i]) for i, prompt in enumerate(prompts)]
         waiting = list(sequences)
@@ -384,7 +396,7 @@ class BatchDecoder:
         start = round_start = time.perf_counter()
         try:
             while waiting or running:
-                while waiting and len(running) < self.max_batch:
+                while waiting and len(running) < self.max_batch and (not running or self.runner.admits()):
                     seq = waiting.pop(0)
                     self._start(seq, settings[seq.index], planned)
                     running.append(seq)

@@ -2,7 +2,8 @@
 
 ``BatchDecoder.generate`` decodes a list of prompts known up front. A server does not know its
 prompts up front: ``ContinuousBatch`` is the same machinery (``engine.batch``: each sequence its
-own ``SpeculativeDecoder`` on a slot of one ``BatchedLlamaRunner``, driven in turn by threads that
+own ``SpeculativeDecoder`` on a slot of one ``BatchedLlamaRunner`` or llama.cpp batch context
+(``models.llamacpp_batch``: there a joining prompt prefills alone), driven in turn by threads that
 pause at their target forward, one packed forward per round) with the loop turned inside out, so
 the caller owns it:
 
@@ -48,7 +49,6 @@ import torch
 from verispec.engine.batch import BatchDecoder, BudgetPolicy, _Aborted, _Sequence, token_tree_copy
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
-from verispec.models.batch_runner import BatchedLlamaRunner
 from verispec.models.hf import HFModelAdapter
 
 RoundHook = Callable[[Any], "str | None"]
@@ -79,7 +79,7 @@ class BatchSequence(_Sequence):
 
 class ContinuousBatch(BatchDecoder):
     """A running batch over ``decoder``'s target (a ``SpeculativeDecoder`` on the native Llama
-    runner; its drafter, if a token tree, lends its adjacency table to ``token_tree_drafter``).
+    runner or llama.cpp; its drafter, if a token tree, lends its adjacency table to ``token_tree_drafter``).
 
     max_batch: most sequences decoding at once; threads: torch threads of every sequence's thread
     (None: leave torch's setting); budget: None (default): the batch budget splits each forward's
@@ -145,8 +145,8 @@ class ContinuousBatch(BatchDecoder):
             self.waiting.remove(seq)
             seq.stopped, seq.done, seq.finished_at = seq.stop_request, True, time.perf_counter()
         if self.runner is None and self.waiting:
-            self.runner = BatchedLlamaRunner(self._base_runner, initial_slots=min(self.max_batch, len(self.waiting)))
-        while self.waiting and len(self.running) < self.max_batch:
+            self.runner = self._target_slots(len(self.waiting))
+        while self.waiting and len(self.running) < self.max_batch and (not self.running or self.runner.admits()):
             seq = self.waiting.pop(0)
             seq.started_at = time.perf_counter()
             self._start(seq, None)
@@ -184,7 +184,7 @@ class ContinuousBatch(BatchDecoder):
     def _start(self, seq: BatchSequence, settings) -> None:
         seq.slot = self.runner.open(wait=lambda: self._pause(seq, "target"))
         try:
-            target = HFModelAdapter(self.decoder.target.model, runner=seq.slot)
+            target = self._slot_adapter(seq.slot)
             if seq.drafts:
                 seq.decoder = seq.make_decoder(target, self._draft_adapter(seq))
             else:

@@ -222,6 +222,10 @@ class BatchedLlamaRunner:
         """Slots with a forward queued."""
         return len(self._requests)
 
+    def admits(self) -> bool:
+        """Whether a sequence may join now: always (free slots are the only limit; the caller checks them)."""
+        return True
+
     @property
     def pending_tokens(self) -> int:
         """Tokens the queued forwards will score together."""

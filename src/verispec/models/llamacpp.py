@@ -322,6 +322,7 @@ class LlamaCppAdapter(RoundState):
         params.flash_attn_type = {None: lib.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                                   False: lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         params.no_perf = True
+        self.context_params = params  # copied by a batch's shared context (models.llamacpp_batch)
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
             raise ConfigError(
@@ -568,6 +569,9 @@ class LlamaCppAdapter(RoundState):
         lib = getattr(self, "_llama", None)
         if lib is None:
             return
+        shared = self.__dict__.pop("shared_batch", None)  # a batch context on this model (models.llamacpp_batch) goes first
+        if shared is not None:
+            shared.close_context()
         if self._batch is not None:
             lib.llama_batch_free(self._batch)
             self._batch = None

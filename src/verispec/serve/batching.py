@@ -23,9 +23,10 @@ requests' head steps run as one padded call of the head (loaded once, ``models.h
 Requests that cannot share the batched forwards (a draft model on another runner) are decoded on a
 side worker (its own target and draft adapters over the same weights), one round of one such
 request after each batched round, in arrival order: they are served, more slowly, and hold up the
-batch by one of their rounds per round. A target the
-batched runner cannot run (llama.cpp, the transformers forward) cannot use this scheduler at all:
-``build_server`` then refuses it with the advice to use ``--scheduler workers``.
+batch by one of their rounds per round. A target the batched runner cannot run (the transformers
+forward) cannot use this scheduler at all: ``build_server`` then refuses it with the advice to use
+``--scheduler workers``. A llama.cpp target batches in one shared llama.cpp context
+(``models.llamacpp_batch``).
 """
 
 from __future__ import annotations

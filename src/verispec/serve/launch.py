@@ -100,12 +100,10 @@ def build_batch_scheduler(target_model, draft, tokenizer, max_batch: int, max_qu
 
     if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
         raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-    if backend == "llamacpp":
-        raise ConfigError("continuous batching runs the target on torch's native Llama runner, not llama.cpp; "
-                          "serve a llama.cpp target with --scheduler workers")
     target = _as_adapter(target_model, backend=backend)
     try:
-        BatchedLlamaRunner.check_base(getattr(target, "runner", None))
+        if getattr(target, "backend", None) != "llamacpp":  # llama.cpp batches in one shared context (models.llamacpp_batch)
+            BatchedLlamaRunner.check_base(getattr(target, "runner", None))
     except ConfigError as error:
         raise ConfigError(f"{error}; or serve this target with --scheduler workers") from None
     (side,) = build_workers(target_model, draft, tokenizer, 1, backend)
