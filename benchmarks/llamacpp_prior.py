@@ -17,6 +17,8 @@ repeat:
                    acceptance prior (scale 1) and no shadow trials (the default before them)
     default        the default: LlamaCppAdapter.cost_prior, its acceptance_prior_scale, shadow trials
     root-only      prior 0, no shadow trials: never drafts; the token-tree path's own overhead
+    no-shadow      the target's own priors without shadow trials (with --backend torch: the
+                   torch default before shadow trials; the native runner in torch's fast dtype)
 Prints each prompt's speed relative to plain (decode time, prefill excluded; --clock cpu: CPU
 time of the process, the prefill timed apart and subtracted) and the geometric mean, median and
 range per configuration.
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--configs", default="plain,shipped-prior,optimistic,default")
+    parser.add_argument("--backend", choices=("llamacpp", "torch"), default="llamacpp")
     parser.add_argument("--tuning", action="store_true", help="tuning prompts instead of held-out ones")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this process's CPU time (time.process_time), minus a separately timed prefill; "
@@ -57,7 +60,17 @@ def main(argv=None) -> int:
     from verispec.models.llamacpp import load_llamacpp_adapter
 
     tokenizer = load_default_tokenizer()
-    target = load_llamacpp_adapter("default", n_threads=1)
+    if args.backend == "torch":  # the same comparison on the native runner (torch's fast dtype), e.g. no-shadow vs default
+        import torch
+
+        from verispec.cli.generate import resolve_dtype
+        from verispec.models.default import fast_dtype_name, load_default_target
+        from verispec.models.hf import HFModelAdapter
+
+        torch.set_num_threads(1)
+        target = HFModelAdapter(load_default_target(resolve_dtype(fast_dtype_name()))[0])
+    else:
+        target = load_llamacpp_adapter("default", n_threads=1)
     common = dict(temperature=0, max_new_tokens=args.max_new_tokens, eos_token_id=[])
     start, end = (int(x) for x in args.humaneval.split("-"))
     if args.tuning:
@@ -78,6 +91,9 @@ def main(argv=None) -> int:
             return SpeculativeDecoder(target, draft, cost_model=OnlineCostModel(), **common)
         if name == "optimistic":
             return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, shadow_trials=False), **common)
+        if name == "no-shadow":  # the target's own priors, without the shadow trials of root-only rounds
+            scale = getattr(target, "acceptance_prior_scale", 1.0)
+            return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, prior_scale=scale, shadow_trials=False), **common)
         if name == "root-only":  # prior 0 and no shadow trials: never drafts (the tree path's overhead alone)
             return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, prior_scale=0.0, shadow_trials=False), **common)
         if name == "default":
@@ -108,7 +124,7 @@ def main(argv=None) -> int:
             for name in ratios:
                 ratios[name].append(per_token["plain"] / per_token[name])
             print(f"repeat {repeat} {label}: " + "  ".join(f"{n} {ratios[n][-1]:.3f}x" for n in ratios), flush=True)
-    print("\nspeed relative to plain llama.cpp (decode only)")
+    print(f"\nspeed relative to plain decoding on {args.backend} (decode only, {args.clock} clock)")
     print("| configuration | geometric mean | median | min | max | n |")
     print("|---|---|---|---|---|---|")
     for name, values in ratios.items():
