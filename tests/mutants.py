@@ -582,7 +582,7 @@ MUTANTS += [
     Mutant(
         "cost_tables_kept_stale",
         "a reading does not renew the cost tables kept between readings (the policy never follows the machine)",
-        (("engine/cost_model.py", "        self._estimates = None\n        self._tables = {}", "        self._estimates = None"),),
+        (("engine/cost_model.py", "        self._estimates = None\n        self._table = None", "        self._estimates = None"),),
         ("tests/engine/test_cost_model.py",),
     ),
     Mutant(
