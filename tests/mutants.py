@@ -38,6 +38,7 @@ BLOCK = "tests/verify/test_block_rules.py"
 GREEDY_TESTS = "tests/verify/test_greedy_selection.py"
 FAST_BELOW_TESTS = "tests/verify/test_below_mass_fast.py"
 BRANCHING = "tests/verify/test_branching_roots.py"
+ACCEPTANCE_PRIOR = "tests/engine/test_acceptance_prior.py"
 EDGES = "tests/verify/test_edge_cases.py"
 TREE_TESTS = "tests/core/test_tree.py"
 ROWS = "core/rows.py"
@@ -635,6 +636,42 @@ MUTANTS += [
         "cost_prior_ignored",
         "the decoder ignores its target's cost prior (llama.cpp's first rounds are sized as if extra tokens were free)",
         (("engine/decoder.py", '        prior = getattr(self.target, "cost_prior", None)', "        prior = None"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
+        "shadow_always_hits",
+        "a root-only round's shadow trials count every root candidate as accepted (the estimates grow optimistic)",
+        (("engine/drafters.py", "(c.cls, c.token == int(next_token))", "(c.cls, True)"),),
+        (ACCEPTANCE_PRIOR,),
+    ),
+    Mutant(
+        "acceptance_prior_unscaled",
+        "the acceptance estimates ignore prior_scale (llama.cpp's fresh decoders draft from the optimistic prior)",
+        (("draft/tree_policy.py", "self.prior_weight * self.prior_scale * self.prior(cls)", "self.prior_weight * self.prior(cls)"),),
+        (ACCEPTANCE_PRIOR,),
+    ),
+    Mutant(
+        "acceptance_prior_ignored",
+        "the decoder ignores its target's acceptance_prior_scale",
+        (("engine/decoder.py", 'prior_scale=getattr(self.target, "acceptance_prior_scale", 1.0)', "prior_scale=1.0"),),
+        (ACCEPTANCE_PRIOR,),
+    ),
+    Mutant(
+        "shadow_double_decay",
+        "a root-only round with shadow trials decays the estimates twice (observe_walk and commit both record)",
+        (("engine/drafters.py", "        if tree.num_nodes == 1 and self._shadow:\n            return", "        if False:\n            return"),),
+        (ACCEPTANCE_PRIOR,),
+    ),
+    Mutant(
+        "shadow_on_real_trees",
+        "a round that scored a real tree also records its root candidates as shadow trials (counted twice)",
+        (("engine/drafters.py", "if tree.num_nodes == 1 and self.shadow_trials else ()", "if self.shadow_trials else ()"),),
+        (ACCEPTANCE_PRIOR,),
+    ),
+    Mutant(
+        "cost_tables_kept_stale",
+        "a reading does not renew the cost tables kept between readings (the policy never follows the machine)",
+        (("engine/cost_model.py", "        self._estimates = None\n        self._table = None", "        self._estimates = None"),),
         ("tests/engine/test_cost_model.py",),
     ),
     Mutant(

@@ -48,6 +48,20 @@ def test_before_any_reading_the_table_is_the_prior():
         OnlineCostModel(window=0)
 
 
+def test_a_reading_renews_the_tables_read_between_readings():
+    """Tables are kept between readings (a round reads them several times) and every reading
+    renews them; a kept table cannot be written."""
+    model = OnlineCostModel()
+    first = model.table(8)
+    assert np.shares_memory(model.table(8), first) and np.shares_memory(model.table(3), first)
+    np.testing.assert_array_equal(model.table(16)[:8], first)  # a larger table starts the same
+    with pytest.raises(ValueError):
+        first[0] = 0.0
+    model.record(1, 0.5, 0.001)  # the first one-token reading: seconds replace the relative units
+    assert model.table(8)[0] == pytest.approx(0.5 * (1 + prior_overhead_shape([1])[0]), rel=0.01)
+    assert first[0] == pytest.approx(1 + prior_overhead_shape([1])[0])
+
+
 def test_the_table_follows_the_machine_and_so_does_the_tree():
     cheap, dear = OnlineCostModel(), OnlineCostModel()
     machine(cheap, 0.02, 0.0002)  # scoring more tokens costs almost nothing: big trees pay

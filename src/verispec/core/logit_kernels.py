@@ -83,7 +83,7 @@ class HostKernels:
         row holding one, so a non-finite value at the argmax flags NaN, +inf and all -inf rows."""
         ids = np.empty(len(nodes), dtype=np.int64)
         values = np.empty(len(nodes), dtype=np.float32)
-        if self.array is not None:
+        if self.array is not None and len(nodes) > 1:  # one row (every plain round): the loop below
             # runs of consecutive rows are read as one 2-D view (np.argmax over a slice copies nothing)
             order = np.argsort(nodes, kind="stable")
             sorted_nodes = np.asarray(nodes, dtype=np.int64)[order]

@@ -91,10 +91,17 @@ def adjacency_bucket(prob: float) -> int:
 class AcceptanceEstimates:
     """Running hit rates of candidate classes ("copy", bucket) and ("adj", bucket): hits and
     trials since the start, with a prior worth ``prior_weight`` trials. A trial is a candidate
-    child of a node the walk visited; a hit is the walk moving into it."""
+    child of a node the walk visited; a hit is the walk moving into it.
+
+    ``prior_scale`` scales the prior rates (COPY_PRIOR, ADJ_PRIOR): 1 for a target whose extra
+    tokens per forward are nearly free (torch's bf16 curve, where an optimistic start costs little),
+    less for one whose forwards cost nearly linearly in their tokens (llama.cpp: the adapter's
+    ``acceptance_prior_scale``), where optimism makes a fresh decoder's first trees cost several
+    plain steps without paying; 0 means a class needs observed hits before it is drafted."""
 
     prior_weight: float = 4.0
     decay: float = 0.995  # older rounds count less, so the estimates follow the text
+    prior_scale: float = 1.0
     hits: dict[tuple[str, int], float] = field(default_factory=dict)
     trials: dict[tuple[str, int], float] = field(default_factory=dict)
 
@@ -103,9 +110,15 @@ class AcceptanceEstimates:
         source, bucket = cls
         return (COPY_PRIOR if source == "copy" else ADJ_PRIOR)[bucket]
 
+    def __post_init__(self):
+        if not 0.0 <= self.prior_scale <= 1.0 or self.prior_weight < 0:
+            raise ConfigError(f"acceptance estimates need prior_scale in [0, 1] and prior_weight >= 0, got "
+                              f"{self.prior_scale}, {self.prior_weight}")
+
     def rate(self, cls: tuple[str, int]) -> float:
         trials = self.trials.get(cls, 0.0)
-        return (self.hits.get(cls, 0.0) + self.prior_weight * self.prior(cls)) / (trials + self.prior_weight)
+        prior = self.prior_weight * self.prior_scale * self.prior(cls)
+        return (self.hits.get(cls, 0.0) + prior) / (trials + self.prior_weight) if trials + self.prior_weight > 0 else 0.0
 
     def record(self, outcomes: Iterable[tuple[tuple[str, int], bool]]) -> None:
         for cls in self.trials:

@@ -140,6 +140,7 @@ def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
     own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
     own.probes = dataclasses.replace(drafter.probes, plain_streak=0)
     own._rates = {}
+    own._shadow = ()
     return own
 
 

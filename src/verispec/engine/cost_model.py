@@ -116,6 +116,10 @@ class OnlineCostModel:
         self.target_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]  # (n, seconds)
         self.overhead_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]
         self._estimates: tuple[float, np.ndarray, np.ndarray] | None = None  # unit, ratios; reset by record
+        # the table until the next reading, for the largest n_max asked (a smaller one is its
+        # start): a round reads it several times (the size choice, the probe schedule, the
+        # decision's prediction), every one the same
+        self._table: np.ndarray | None = None
 
     # ----- feeding ----------------------------------------------------------------------------
     def record(self, scored_tokens: int, target_seconds: float, overhead_seconds: float) -> None:
@@ -127,6 +131,7 @@ class OnlineCostModel:
         self.target_readings[bucket].append((int(scored_tokens), max(float(target_seconds), TINY_SECONDS)))
         self.overhead_readings[bucket].append((int(scored_tokens), max(float(overhead_seconds), TINY_SECONDS)))
         self._estimates = None
+        self._table = None
 
     @property
     def readings(self) -> int:
@@ -181,11 +186,17 @@ class OnlineCostModel:
 
     def table(self, n_max: int) -> np.ndarray:
         """Predicted seconds of a round scoring n = 1..n_max tokens (target forward + overhead),
-        shape (n_max,); in units of a one-token forward before any reading."""
-        unit, target_ratio, overhead_ratio = self._current()
-        sizes = np.arange(1, int(n_max) + 1)
-        buckets = np.minimum(np.ceil(np.log2(sizes)).astype(int), self.buckets - 1)  # size_bucket, vectorised
-        return unit * (self._prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
+        shape (n_max,); in units of a one-token forward before any reading. Read-only (shared
+        until the next reading)."""
+        n_max = int(n_max)
+        if self._table is None or self._table.size < n_max:
+            unit, target_ratio, overhead_ratio = self._current()
+            sizes = np.arange(1, n_max + 1)
+            buckets = np.minimum(np.ceil(np.log2(sizes)).astype(int), self.buckets - 1)  # size_bucket, vectorised
+            table = unit * (self._prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
+            table.setflags(write=False)
+            self._table = table
+        return self._table[:n_max]
 
     def round_seconds(self, scored_tokens: int) -> float:
         """Predicted seconds of a round scoring ``scored_tokens`` tokens."""

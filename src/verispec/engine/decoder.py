@@ -313,7 +313,7 @@ class SpeculativeDecoder(TextDecoding):
         if getattr(draft, "deterministic", False):
             return draft
         if _is_token_tree(draft) and (draft is not None or self.spec.tree_scheme is DraftScheme.DETERMINISTIC):
-            return TokenTreeDrafter(self.target.vocab_size)
+            return TokenTreeDrafter(self.target.vocab_size, prior_scale=getattr(self.target, "acceptance_prior_scale", 1.0))
         if draft is None or (isinstance(draft, str) and draft == "ngram"):
             return NGramDrafter(self.target.vocab_size, self.draft_params)
         if hasattr(draft, "begin_round"):

@@ -149,6 +149,13 @@ class TokenTreeDrafter:
     so the estimates keep learning. The tree has no sampling law q (DraftScheme.DETERMINISTIC):
     verify it with a q-free rule (``qfree``). The adjacency table persists across ``reset``: it
     describes the target, not one prompt (pass ``adjacency`` to share one between drafters).
+
+    ``prior_scale``: the acceptance estimates' prior (``AcceptanceEstimates.prior_scale``; a
+    target adapter's ``acceptance_prior_scale``). ``shadow_trials``: a round that scores the root
+    alone still counts as trials of its root candidates (a hit when the emitted token is theirs):
+    the q-free walk draws that token from the target's row whatever the children, exactly as it
+    would have decided between them, so these are the trials a depth-1 tree would have seen, at
+    no forward cost, and a pessimistic prior learns which classes pay without speculating.
     """
 
     deterministic = True
@@ -163,6 +170,8 @@ class TokenTreeDrafter:
         cost: CostTable | None = None,
         adjacency=None,
         probes: ProbeSchedule | None = None,
+        prior_scale: float = 1.0,
+        shadow_trials: bool = True,
     ):
         if max_nodes < 0 or max_depth < 1:
             raise ConfigError(f"a token tree needs max_nodes >= 0 and max_depth >= 1, got {max_nodes}, {max_depth}")
@@ -177,7 +186,11 @@ class TokenTreeDrafter:
         if self.adjacency.vocab_size != self.vocab_size:
             raise ConfigError(f"adjacency table has {self.adjacency.vocab_size} tokens, the draft {self.vocab_size}")
         self.index = SuffixIndex()
-        self.estimates = AcceptanceEstimates()
+        self.estimates = AcceptanceEstimates(prior_scale=prior_scale)
+        self.shadow_trials = bool(shadow_trials)
+        # a root-only round's root candidates, recorded as trials once its token is known (commit)
+        self._shadow: tuple[Candidate, ...] = ()
+        self._root: list[Candidate] = []  # this round's root candidates
         self._rates: dict = {}
         # per round (the table and the rates do not change while a tree grows): a token's adjacency
         # candidates, and its children when no copy continues there; a tree repeats tokens often
@@ -200,9 +213,16 @@ class TokenTreeDrafter:
         and no probe is due, the root alone is returned without growing the tree, so a round that
         drafts nothing costs about what a plain decoding step costs; its ``offered`` is then None
         (``offered_tree`` grows it, for oracles). In a batch (``planner`` set) the batch budget cuts
-        the whole offered order instead, priced by the batched forward."""
+        the whole offered order instead, priced by the batched forward. A root-only tree keeps its
+        root candidates for the shadow trials ``commit`` records (``shadow_trials``)."""
+        tree = self._propose(max_depth, cost)
+        self._shadow = tuple(self._root) if tree.num_nodes == 1 and self.shadow_trials else ()
+        return tree
+
+    def _propose(self, max_depth: int | None, cost: CostTable | None) -> CandidateTree:
         cost = self._cost(cost)
         root, depth = self._root_candidates(max_depth)
+        self._root = root
         token = self.index.context[-1]
         if self.planner is not None:  # a batch: its budget cuts the offered order, for all sequences at once
             tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
@@ -298,6 +318,8 @@ class TokenTreeDrafter:
     def observe_walk(self, tree, visited) -> None:
         """Update the acceptance estimates: every child of a visited node is a trial of its
         class, a hit when the walk moved into it."""
+        if tree.num_nodes == 1 and self._shadow:
+            return  # ``commit`` records the root's shadow trials: one record (one decay) per round
         kids = tree.children_of()
         outcomes = []
         for position, node in enumerate(visited):
@@ -306,4 +328,7 @@ class TokenTreeDrafter:
         self.estimates.record(outcomes)
 
     def commit(self, accepted, next_token):
+        if self._shadow:
+            self.estimates.record([(c.cls, c.token == int(next_token)) for c in self._shadow])
+            self._shadow = ()
         self.index.extend([*accepted, int(next_token)])

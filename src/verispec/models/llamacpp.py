@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from verispec.errors import ConfigError
+from verispec.models.llamacpp_context import KV_TYPES, ContextSettings
 from verispec.models.tree_round import ROOT, RoundState, check_commit_path, check_prompt, place_nodes
 
 LLAMACPP_VERSION = "0.3.36"  # pinned in pyproject's ``llamacpp`` extra: its C API was renamed twice in a year
@@ -68,7 +69,6 @@ REQUIRED_API = (
     "llama_decode", "llama_get_logits", "llama_memory_seq_rm", "llama_memory_seq_cp",
     "llama_memory_seq_keep", "llama_memory_clear", "llama_model_get_vocab", "llama_vocab_n_tokens",
 )
-KV_TYPES = {"f16": 1, "f32": 0}  # ggml_type of the KV cache: GGML_TYPE_F16 (llama.cpp's default), GGML_TYPE_F32
 DEFAULT_MAX_CONTEXT = 8192
 # Forwards of at most 63 tokens give bit-identical rows whatever the batch (llama-cpp-python 0.3.36,
 # CPU build, AMD EPYC Zen 4, Q4_1 default target: a node scored in a tree of 63 equals it scored
@@ -249,6 +249,10 @@ class LlamaCppAdapter(RoundState):
     # 1 / 1.8 / 3.0 / 5.1 / 9.6 for n = 1 / 2 / 4 / 8 / 16 on a Zen 4 CPU, 8.5 at n = 16 on an Intel
     # Xeon); the online model learns the machine's own curve from there
     cost_prior = ((1, 1.0), (2, 1.8), (4, 3.0), (8, 5.1), (16, 9.6))
+    # the token trees' acceptance prior (AcceptanceEstimates.prior_scale): with forwards this
+    # steep, a tree node pays only when it is accepted ~80% of the time, so a fresh decoder drafts
+    # nothing until the shadow trials of its root-only rounds have shown a class is (docs/llamacpp.md)
+    acceptance_prior_scale = 0.0
     features_supported = False  # no hidden states: draft heads are refused
     feature_layers = None
 
@@ -305,23 +309,10 @@ class LlamaCppAdapter(RoundState):
         context = min(train_context, DEFAULT_MAX_CONTEXT) if n_ctx is None else int(n_ctx)
         if not 1 < context <= max(train_context, 2):
             raise ConfigError(f"n_ctx must lie in [2, {train_context}] (the model's training context), got {n_ctx}")
-        params = lib.llama_context_default_params()
-        params.n_ctx = context
         round_batch = min(int(n_batch), context)
-        # one physical batch (n_ubatch) holds a whole prefill chunk: llama.cpp would split it otherwise
-        params.n_batch = params.n_ubatch = min(max(round_batch, int(prefill_batch)), context)
-        params.n_seq_max = int(n_seq_max)
-        # rows are only asked for inside rounds; llama.cpp reserves room for at least n_seq_max output
-        # rows and asserts it fits n_outputs_max (the logits buffer: rows x vocabulary floats)
-        params.n_outputs_max = max(round_batch, params.n_seq_max)
-        params.n_threads = params.n_threads_batch = threads
-        params.kv_unified = True  # one cell buffer: seq_cp tags cells instead of copying a stream
-        params.swa_full = True  # sliding-window layers keep every cell, so a rollback never misses one
-        params.type_k = params.type_v = KV_TYPES[kv_type]
-        # None: llama.cpp decides (on for CPUs); off, attention is computed in float32 throughout
-        params.flash_attn_type = {None: lib.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                                  False: lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
-        params.no_perf = True
+        self.settings = ContextSettings.choose(context, round_batch, int(prefill_batch), int(n_seq_max), threads, kv_type, flash_attn)
+        params = lib.llama_context_default_params()
+        self.settings.fill(lib, params)
         self.context_params = params  # copied by a batch's shared context (models.llamacpp_batch)
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
