@@ -178,6 +178,11 @@ class BatchDecoder:
     def _use_draft(self, draft) -> None:
         """Batch the forwards of the draft model ``draft`` (its ``HFModelAdapter``): ConfigError
         unless it runs on the native Llama runner."""
+        if getattr(draft, "backend", None) == "llamacpp":
+            raise ConfigError(
+                "a GGUF draft model (llama.cpp) cannot batch yet: only drafts on the native Llama runner share a batched "
+                "draft forward; use the token-tree or n-gram draft in a batch, or decode one prompt at a time with generate"
+            )
         runner = getattr(draft, "runner", None)
         try:
             BatchedLlamaRunner.check_base(runner)
