@@ -15,8 +15,10 @@ repeat:
                    optimistic acceptance prior, no shadow trials
     optimistic     token trees + q-free, cost model from LlamaCppAdapter.cost_prior, the optimistic
                    acceptance prior (scale 1) and no shadow trials (the default before them)
-    default        the default: LlamaCppAdapter.cost_prior, its acceptance_prior_scale, shadow trials
-    root-only      prior 0, no shadow trials: never drafts; the token-tree path's own overhead
+    default        the default: LlamaCppAdapter.cost_prior, its acceptance_prior_scale, shadow trials,
+                   resting after 8 root-only rounds (plain rounds, a proposal every 8th)
+    no-rest        the default without resting (every round proposes)
+    root-only      prior 0, no shadow trials, no resting: never drafts; the token-tree path's own overhead
     no-shadow      the target's own priors without shadow trials (with --backend torch: the
                    torch default before shadow trials; the native runner in torch's fast dtype)
 Prints each prompt's speed relative to plain (decode time, prefill excluded; --clock cpu: CPU
@@ -56,6 +58,7 @@ def main(argv=None) -> int:
     from verispec.engine.cost_model import OnlineCostModel
     from verispec.engine.decoder import SpeculativeDecoder
     from verispec.engine.drafters import TokenTreeDrafter
+    from verispec.draft.tree_policy import RestSchedule
     from verispec.models.default import encode_prompt, load_default_tokenizer
     from verispec.models.llamacpp import load_llamacpp_adapter
 
@@ -94,8 +97,12 @@ def main(argv=None) -> int:
         if name == "no-shadow":  # the target's own priors, without the shadow trials of root-only rounds
             scale = getattr(target, "acceptance_prior_scale", 1.0)
             return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, prior_scale=scale, shadow_trials=False), **common)
-        if name == "root-only":  # prior 0 and no shadow trials: never drafts (the tree path's overhead alone)
-            return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, prior_scale=0.0, shadow_trials=False), **common)
+        if name == "root-only":  # prior 0, no shadow trials, no rest: never drafts (the tree path's overhead alone)
+            draft = TokenTreeDrafter(target.vocab_size, prior_scale=0.0, shadow_trials=False, rest=RestSchedule(after=0))
+            return SpeculativeDecoder(target, draft, **common)
+        if name == "no-rest":  # the default, proposing every round
+            scale = getattr(target, "acceptance_prior_scale", 1.0)
+            return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, prior_scale=scale, rest=RestSchedule(after=0)), **common)
         if name == "default":
             return SpeculativeDecoder(target, None, **common)
         raise SystemExit(f"unknown configuration {name!r}")

@@ -688,6 +688,23 @@ MUTANTS += [
 ]
 
 
+REST_TESTS = "tests/engine/test_rest_schedule.py"
+MUTANTS += [
+    Mutant(
+        "rest_round_skips_drafter_commit",
+        "a resting round decodes plainly but does not tell the drafter (its context index falls out of step)",
+        (("engine/decoder.py", "                self.drafter.commit([], output_tokens[0])\n                decision = RoundDecision(1, 1.0",
+          "                decision = RoundDecision(1, 1.0"),),
+        (REST_TESTS,),
+    ),
+    Mutant(
+        "rest_never_wakes",
+        "a resting drafter never proposes again (no shadow trials, no probes: speculation never restarts)",
+        (("draft/tree_policy.py", " or self.rested + 1 >= self.wake_every:", ":"),),
+        (REST_TESTS,),
+    ),
+]
+
 def apply(mutant: Mutant, root: Path) -> str | None:
     """Edit the copy under ``root``; returns an error text if an edit does not match once."""
     for relative, old, new in mutant.edits:

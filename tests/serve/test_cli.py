@@ -27,7 +27,7 @@ def test_bad_flags_exit_2_naming_the_flag(capsys, flag, value, message):
 
 
 def test_the_default_rule_is_the_engines_for_the_draft():
-    from verispec.engine.decoder import default_method
+    from verispec.engine.drafters import default_method
 
     assert default_method(None) == default_method("tree") == "qfree"
     assert default_method("ngram") == default_method("head") == default_method("/models/draft") == "gumbel"

@@ -71,7 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from verispec.cli.generate import load_pair
-    from verispec.engine.decoder import default_method
+    from verispec.engine.drafters import default_method
     from verispec.errors import ConfigError
     from verispec.serve.requests import ServerConfig
     from verispec.serve.launch import build_server

@@ -236,6 +236,35 @@ def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int) -> bool
 
 
 @dataclass
+class RestSchedule:
+    """When a token-tree drafter rests (``TokenTreeDrafter.resting``): after ``after`` proposals in
+    a row that kept the root alone, rounds are plain, except every ``wake_every``-th, which
+    proposes as usual; a proposal that drafts anything ends the rest. A deterministic function of
+    past proposals only. ``after`` 0 disables resting."""
+
+    after: int = 8
+    wake_every: int = 8
+    quiet: int = 0  # proposals in a row that kept the root alone
+    rested: int = 0  # plain rounds since the last proposal while resting
+
+    def __post_init__(self):
+        if self.after < 0 or self.wake_every < 1:
+            raise ConfigError(f"a rest schedule needs after >= 0 and wake_every >= 1, got {self.after}, {self.wake_every}")
+
+    def record(self, drafted: bool) -> None:
+        """A proposal was made (drafting a tree or not)."""
+        self.quiet = 0 if drafted else self.quiet + 1
+        self.rested = 0
+
+    def rests(self) -> bool:
+        """Called once per round before proposing: True when this round is plain."""
+        if self.after == 0 or self.quiet < self.after or self.rested + 1 >= self.wake_every:
+            return False
+        self.rested += 1
+        return True
+
+
+@dataclass
 class ProbeSchedule:
     """When the policy keeps choosing the root alone, force a small tree (or chain) now and then:
     after a run of decisions without speculation, one probe of ``size`` draft tokens. A

@@ -139,6 +139,7 @@ def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
     own = copy.copy(drafter)
     own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
     own.probes = dataclasses.replace(drafter.probes, plain_streak=0)
+    own.rest = dataclasses.replace(drafter.rest, quiet=0, rested=0)
     own._rates = {}
     own._shadow = ()
     return own

@@ -22,6 +22,7 @@ from verispec.core.sampling import SamplingParams, logits_to_probs
 from verispec.core.seeds import check_seed
 from verispec.core.tree import DraftScheme, DraftTree
 from verispec.draft.chain_policy import ChainLengthPolicy
+from verispec.draft.tree_policy import RestSchedule
 from verispec.draft.samplers import DraftSkeleton, sample_gumbel_chain, sample_iid_paths, sample_tree
 from verispec.engine.checks import (
     AUTO_MAX_DRAFT_LEN,
@@ -36,7 +37,7 @@ from verispec.engine.checks import (
     eos_token_ids,
 )
 from verispec.engine.cost_model import OnlineCostModel, RoundDecision
-from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter
+from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter, default_method, is_token_tree
 from verispec.engine.results import GenerationOutput, StepStats
 from verispec.engine.head_drafter import CONTEXT_ONLY_Q_RULES, HeadDrafter, is_head_source, load_head_source
 from verispec.engine.streaming import TextStream, stop_cut
@@ -312,8 +313,9 @@ class SpeculativeDecoder(TextDecoding):
     def _make_drafter(self, draft, device) -> Drafter:
         if getattr(draft, "deterministic", False):
             return draft
-        if _is_token_tree(draft) and (draft is not None or self.spec.tree_scheme is DraftScheme.DETERMINISTIC):
-            return TokenTreeDrafter(self.target.vocab_size, prior_scale=getattr(self.target, "acceptance_prior_scale", 1.0))
+        if is_token_tree(draft) and (draft is not None or self.spec.tree_scheme is DraftScheme.DETERMINISTIC):
+            return TokenTreeDrafter(self.target.vocab_size, prior_scale=getattr(self.target, "acceptance_prior_scale", 1.0),
+                                    rest=RestSchedule(after=getattr(self.target, "rest_after", 0)))
         if draft is None or (isinstance(draft, str) and draft == "ngram"):
             return NGramDrafter(self.target.vocab_size, self.draft_params)
         if hasattr(draft, "begin_round"):
@@ -412,6 +414,10 @@ class SpeculativeDecoder(TextDecoding):
                 draft_len, decision = self._choose_chain_len(chain_policy, draft_len)
             if self.spec is None:
                 step, output_tokens, windows = self._plain_round(rng)
+            elif getattr(self.drafter, "deterministic", False) and self.drafter.resting():
+                step, output_tokens, windows = self._plain_round(rng)  # the root-only walk's own draw
+                self.drafter.commit([], output_tokens[0])
+                decision = RoundDecision(1, 1.0, self.cost_model.round_seconds(1))
             elif getattr(self.drafter, "deterministic", False):
                 step, output_tokens = self._token_tree_round(rng, len(prompt_ids) + len(generated))
                 decision = step.policy
@@ -588,13 +594,3 @@ class SpeculativeDecoder(TextDecoding):
             windows = windows + (result.modification,)
         return windows
 
-
-def default_method(draft) -> str:
-    """The rule used when none is given (``method=None``; the server's default too): q-free over
-    the token trees, else the drafter-invariant chain rule ``gumbel``."""
-    return "qfree" if _is_token_tree(draft) else "gumbel"
-
-
-def _is_token_tree(draft) -> bool:
-    """The token-tree draft: "tree", None (the default draft) or a ``TokenTreeDrafter``."""
-    return draft is None or (isinstance(draft, str) and draft == "tree") or isinstance(draft, TokenTreeDrafter)
