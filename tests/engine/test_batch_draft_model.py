@@ -47,10 +47,9 @@ def make_decoder(case: str, target, draft, **options) -> SpeculativeDecoder:
     return decoder
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_batch_law_with_a_draft_model_equals_solo_law_and_target_law(case):
-    target, draft = tiny_target(), tiny_draft()
+def assert_batch_law_is_the_solo_and_target_law(case, target, draft):
+    """The exact law of the batch's second sequence equals its law decoded alone (to 1e-12) and the
+    target's law (to the model's float tolerance); ``draft``: a draft model or a head."""
     law = batch_law(lambda: make_decoder(case, target, draft))
     assert len(law) >= 8
     alone = solo_law(lambda: make_decoder(case, target, draft), PROMPTS[1])
@@ -59,6 +58,12 @@ def test_batch_law_with_a_draft_model_equals_solo_law_and_target_law(case):
     memo = ForwardMemo(target)
     reference = exact_target_law(memo, PROMPTS[1], 3, params)
     assert max_abs_difference(law, reference) < tolerance(memo, PROMPTS[1], params)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_batch_law_with_a_draft_model_equals_solo_law_and_target_law(case):
+    assert_batch_law_is_the_solo_and_target_law(case, tiny_target(), tiny_draft())
 
 
 # prompts of 3, 9, 7 and 2 tokens; the second stops early; with max_batch 2 the third and fourth
@@ -198,15 +203,7 @@ def tiny_headed_pair():
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["sd", "spectr"])
 def test_batch_law_with_a_head_equals_solo_law_and_target_law(case):
-    target, head = tiny_headed_pair()
-    law = batch_law(lambda: make_decoder(case, target, head))
-    assert len(law) >= 8
-    alone = solo_law(lambda: make_decoder(case, target, head), PROMPTS[1])
-    assert max_abs_difference(law, alone) < 1e-12
-    params = SamplingParams(1.0, 2, 1.0)
-    memo = ForwardMemo(target)
-    reference = exact_target_law(memo, PROMPTS[1], 3, params)
-    assert max_abs_difference(law, reference) < tolerance(memo, PROMPTS[1], params)
+    assert_batch_law_is_the_solo_and_target_law(case, *tiny_headed_pair())
 
 
 def test_seeded_batch_with_a_head_equals_each_prompt_alone():
