@@ -33,7 +33,7 @@ from tests.models.tiny_gguf import write_llama_gguf
 from verispec.core.rng import enumerate_outcomes
 from verispec.core.rows import LogitRows
 from verispec.core.sampling import SamplingParams
-from verispec.draft.tree_policy import CostCurve
+from verispec.draft.tree_policy import CostCurve, RestSchedule
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
@@ -325,6 +325,7 @@ def test_default_token_trees_reproduce_greedy_llamacpp_output(default_gguf):
     # trees priced as free, so that they really branch (the measured llama.cpp cost curve may
     # well choose the root alone, which would make this test vacuous)
     decoder.drafter.cost = FREE_TREES
+    decoder.drafter.rest = RestSchedule(after=0)  # propose every round (llama.cpp's trees rest after 8 root-only ones)
     accepted = 0
     for ids, reference in zip(prompts, references):
         output = decoder.generate(ids)
@@ -422,6 +423,7 @@ def test_lossless_rules_reproduce_greedy_llamacpp_output_on_gemma(gemma_gguf, me
                                  max_new_tokens=GREEDY_TOKENS, eos_token_id=[], seed=3, **shape)
     if method == "qfree":
         decoder.drafter.cost = FREE_TREES
+    decoder.drafter.rest = RestSchedule(after=0)  # propose every round (llama.cpp's trees rest after 8 root-only ones)
     accepted = 0
     for ids, reference in zip(prompts, references):
         output = decoder.generate(ids)
