@@ -152,6 +152,8 @@ class NativeLlamaRunner:
             self.head = _Linear(head, self.prepacked) if type(head) is torch.nn.Linear else None
         self.kv = KVBuffers(len(self.layers), self.num_kv_heads, self.head_dim, self.param, initial_capacity)
         self.length = 0  # valid cache entries
+        # batch-invariant mode (``models.row_shape``): None = every forward in one piece, as given
+        self.row_shape = None
         # opt-in feature capture (EAGLE-3 heads): HF hidden_states indices whose states (the
         # inputs of those decoder layers) every forward also returns in ``last_features``
         self.feature_layers: tuple[int, ...] | None = None
@@ -184,15 +186,15 @@ class NativeLlamaRunner:
         plain causal attention over the whole cache (a prefill, or a single query token).
         Returns (keep, V). With ``feature_layers`` set, ``last_features`` becomes the
         (n, len(feature_layers) * hidden) states of every input (model dtype and device).
+        With ``row_shape`` set (batch-invariant mode, ``models.row_shape``) the forward runs as
+        chunks of that shape; same function, rows independent of how the tokens were grouped.
         """
         n = len(input_ids)
         start, end = self.length, self.length + n
+        if self.row_shape is not None:
+            return self._forward_shaped(input_ids, positions, allowed, keep)
         self.kv.reserve(end, used=start)
         device = self.param.device
-        body = self.model.model
-        hidden = body.embed_tokens(torch.tensor([input_ids], device=device))
-        cos, sin = body.rotary_emb(hidden, torch.tensor([positions], device=device))
-        cos, sin = cos[:, None], sin[:, None]  # (1, 1, n, head_dim)
         if allowed is not None:
             mask = allowed.to(device)[None, None]
             causal = False
@@ -201,6 +203,56 @@ class NativeLlamaRunner:
             causal = n > 1 and start == 0  # with earlier entries a causal mask would be misaligned
             if n > 1 and start > 0:
                 mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)[None, None]
+        hidden, features = self._layers(input_ids, positions, mask, causal, end)
+        self.length = end
+        self.last_features = features
+        return self.output_logits(hidden[:, -keep:])
+
+    def _forward_shaped(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
+        """``forward`` in chunks of ``row_shape``: each chunk of r <= max_rows real rows is padded
+        with dummy rows to min_rows (dummies last, each seeing only itself, never seen by a real row,
+        dropped after), keys are passed up to a multiple of key_align (masked), and the output layer
+        runs over the whole padded chunk, so each product has a shape of the invariant kernel class."""
+        shape = self.row_shape
+        n = len(input_ids)
+        base = self.length
+        if allowed is None:
+            allowed = torch.ones(n, base + n, dtype=torch.bool).tril(base)
+        logits, features = [], []
+        for first, last in shape.chunks(n):
+            real = last - first
+            rows = shape.padded(real)
+            start = base + first
+            key_end = shape.key_length(start + rows)
+            self.kv.reserve(key_end, used=start)
+            mask = torch.zeros(rows, key_end, dtype=torch.bool)
+            mask[:real, : start + real] = allowed[first:last, : start + real]
+            dummies = torch.arange(real, rows)
+            mask[dummies, start + dummies] = True
+            chunk_ids = input_ids[first:last] + [input_ids[last - 1]] * (rows - real)
+            chunk_positions = positions[first:last] + [positions[last - 1]] * (rows - real)
+            hidden, captured = self._layers(chunk_ids, chunk_positions, mask.to(self.param.device)[None, None], False, key_end)
+            self.length = start + real  # the dummies' entries are dropped (overwritten by the next chunk)
+            kept = max(0, last - max(first, n - keep))  # rows of this chunk among the last ``keep``
+            if kept:
+                logits.append(self.output_logits(hidden)[real - kept : real])
+            if captured is not None:
+                features.append(captured[:real])
+        self.last_features = torch.cat(features) if features else None
+        return torch.cat(logits)
+
+    def _layers(self, input_ids: list[int], positions: list[int], mask, causal: bool, key_end: int):
+        """The decoder layers over m inputs written to cache entries [length, length + m), attending to
+        keys [0, key_end) under ``mask`` (bool (1, 1, m, key_end) or None) / ``causal``; entries in
+        [length + m, key_end) are zeroed (masked keys must hold no NaN: 0 * NaN = NaN).
+        Returns (hidden (1, m, hidden), features (m, F) or None)."""
+        n = len(input_ids)
+        start, end = self.length, self.length + n
+        device = self.param.device
+        body = self.model.model
+        hidden = body.embed_tokens(torch.tensor([input_ids], device=device))
+        cos, sin = body.rotary_emb(hidden, torch.tensor([positions], device=device))
+        cos, sin = cos[:, None], sin[:, None]  # (1, 1, n, head_dim)
         capture = self.feature_layers
         captured: dict[int, torch.Tensor] = {}
         for index, (layer, linears, key_cache, value_cache) in enumerate(zip(self.layers, self.linears, self.kv.keys, self.kv.values)):
@@ -213,17 +265,18 @@ class NativeLlamaRunner:
             v = v_proj(x).view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             key_cache[:, :, start:end] = _rotate(k, cos, sin)
             value_cache[:, :, start:end] = v
+            if key_end > end:
+                key_cache[:, :, end:key_end] = 0
+                value_cache[:, :, end:key_end] = 0
             out = F.scaled_dot_product_attention(
-                _rotate(q, cos, sin), key_cache[:, :, :end], value_cache[:, :, :end],
+                _rotate(q, cos, sin), key_cache[:, :, :key_end], value_cache[:, :, :key_end],
                 attn_mask=mask, is_causal=causal, scale=self.scaling,
                 enable_gqa=self.num_heads != self.num_kv_heads,
             )
             hidden = hidden + o_proj(out.transpose(1, 2).reshape(1, n, self.num_heads * self.head_dim))
             hidden = mlp_residual(hidden, layer, linears)
-        self.length = end
-        if capture is not None:
-            self.last_features = torch.cat([captured[i] for i in capture], dim=-1)
-        return self.output_logits(hidden[:, -keep:])
+        features = None if capture is None else torch.cat([captured[i] for i in capture], dim=-1)
+        return hidden, features
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer on hidden states (1, k, hidden): float32 CPU logits (k, V)."""
