@@ -189,3 +189,39 @@ def test_probe_key_names_what_chooses_the_kernels():
     finally:
         torch.set_num_threads(threads)
     assert other_threads != probe_key(bf16)
+
+
+def test_probe_checks_trees_whose_path_keys_are_apart(monkeypatch):
+    """An attention kernel whose result changes when a row's visible keys are not contiguous (as fp32
+    SDPA does here): chains stay invariant, trees do not, and the probe must say so."""
+    runner = HFModelAdapter(small_llama(torch.bfloat16), backend="native").runner
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def gaps_change_the_result(q, k, v, attn_mask=None, **options):
+        out = attention(q, k, v, attn_mask=attn_mask, **options)
+        if attn_mask is None:
+            return out
+        visible = attn_mask[0, 0].int()
+        gaps = ((visible[:, :-1] == 0) & (visible[:, 1:] == 1)).any(-1)  # a hidden key before a visible one
+        return out * (1 + 2 ** -6 * gaps.to(out.dtype))[None, None, :, None]
+
+    monkeypatch.setattr(native_llama.F, "scaled_dot_product_attention", gaps_change_the_result)
+    assert not rows_invariant(runner, SHAPE, VOCAB)
+    adapter = HFModelAdapter(runner.model, runner=runner)
+    runner.row_shape = SHAPE
+    sizes = [8, 1, 7, 2]
+    assert torch.equal(chunked_rows(adapter, sizes), plain_rows(adapter, sum(sizes)))  # chains alone pass
+
+
+def test_masked_padding_keys_are_zeroed_so_stale_nan_cannot_leak():
+    """Entries past the cache length may hold anything (a stale NaN): masked keys get weight 0 and
+    0 * NaN = NaN, so the padding up to key_align must be zeroed before attention reads it."""
+    model = small_llama(torch.float32)
+    clean, dirty = HFModelAdapter(model, backend="native"), HFModelAdapter(model, backend="native")
+    for adapter in (clean, dirty):
+        adapter.runner.row_shape = SHAPE
+        adapter.reset(CHAIN[:PROMPT])
+    for cache in dirty.runner.kv.keys + dirty.runner.kv.values:
+        cache[:, :, dirty.runner.length:] = float("nan")
+    tokens, parents = [-1] + CHAIN[PROMPT : PROMPT + 3], [-1, 0, 1, 1]
+    assert torch.equal(dirty.score(tokens, parents), clean.score(tokens, parents))
