@@ -192,22 +192,30 @@ def test_probe_key_names_what_chooses_the_kernels():
 
 
 def test_probe_checks_trees_whose_path_keys_are_apart(monkeypatch):
-    """An attention kernel whose result changes when a row's visible keys are not contiguous (as fp32
-    SDPA does here): chains stay invariant, trees do not, and the probe must say so."""
-    runner = HFModelAdapter(small_llama(torch.bfloat16), backend="native").runner
+    """An attention kernel whose result changes when a row's visible keys are not contiguous (bf16
+    dot products pair neighbouring keys; fp32 SDPA differs too here). Each row's keys are gathered in
+    position order, so trees stay invariant under it; with the keys left in place (a tree's ancestors
+    apart in the cache) chains still pass and trees do not, and the probe must say so."""
+    adapter = HFModelAdapter(small_llama(torch.bfloat16), backend="native")
+    runner = adapter.runner
     attention = torch.nn.functional.scaled_dot_product_attention
 
     def gaps_change_the_result(q, k, v, attn_mask=None, **options):
         out = attention(q, k, v, attn_mask=attn_mask, **options)
-        if attn_mask is None:
-            return out
-        visible = attn_mask[0, 0].int()
+        visible = attn_mask[:, 0, 0].int()  # the shaped forward's per-row masks (rows, 1, 1, L)
         gaps = ((visible[:, :-1] == 0) & (visible[:, 1:] == 1)).any(-1)  # a hidden key before a visible one
-        return out * (1 + 2 ** -6 * gaps.to(out.dtype))[None, None, :, None]
+        return out * (1 + 2 ** -6 * gaps.to(out.dtype))[:, None, None, None]
+
+    def keys_in_place(allowed, start, rows, key_end):
+        index, mask = torch.arange(key_end).expand(rows, key_end), torch.zeros(rows, key_end, dtype=torch.bool)
+        mask[: allowed.shape[0], : allowed.shape[1]] = allowed
+        mask[torch.arange(allowed.shape[0], rows), torch.arange(start + allowed.shape[0], start + rows)] = True
+        return index, mask[:, None, None]
 
     monkeypatch.setattr(native_llama.F, "scaled_dot_product_attention", gaps_change_the_result)
-    assert not rows_invariant(runner, SHAPE, VOCAB)
-    adapter = HFModelAdapter(runner.model, runner=runner)
+    assert rows_invariant(runner, SHAPE, VOCAB, prefix_len=40)
+    monkeypatch.setattr(native_llama, "_row_keys", keys_in_place)
+    assert not rows_invariant(runner, SHAPE, VOCAB, prefix_len=40)
     runner.row_shape = SHAPE
     sizes = [8, 1, 7, 2]
     assert torch.equal(chunked_rows(adapter, sizes), plain_rows(adapter, sum(sizes)))  # chains alone pass

@@ -117,6 +117,25 @@ def mlp_residual(hidden: torch.Tensor, layer, linears) -> torch.Tensor:
     return hidden + down_proj(F.silu(gate_proj(x)) * up_proj(x))
 
 
+def _row_keys(allowed: torch.Tensor, start: int, rows: int, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys of each row of a shaped chunk: (index long (rows, key_end), mask bool (rows, 1, 1, key_end)).
+
+    allowed: bool (real, start + real), the chunk's real rows. A real row's visible entries come first,
+    in cache order (for a tree node: the committed context, then its ancestors, as if scored alone),
+    then the zeroed entry ``key_end``, masked. Dummy row j (j >= real, cache entry start + j) sees itself.
+    """
+    real = allowed.shape[0]
+    index = torch.full((rows, key_end), key_end, dtype=torch.long)
+    mask = torch.zeros(rows, key_end, dtype=torch.bool)
+    for row in range(real):
+        visible = allowed[row].nonzero().flatten()
+        index[row, : len(visible)] = visible
+        mask[row, : len(visible)] = True
+    index[real:, 0] = torch.arange(start + real, start + rows)
+    mask[real:, 0] = True
+    return index, mask[:, None, None]
+
+
 class NativeLlamaRunner:
     """Forward of a Llama-architecture ``model`` (batch size 1) over a preallocated KV cache.
 
@@ -211,8 +230,11 @@ class NativeLlamaRunner:
     def _forward_shaped(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
         """``forward`` in chunks of ``row_shape``: each chunk of r <= max_rows real rows is padded
         with dummy rows to min_rows (dummies last, each seeing only itself, never seen by a real row,
-        dropped after), keys are passed up to a multiple of key_align (masked), and the output layer
-        runs over the whole padded chunk, so each product has a shape of the invariant kernel class."""
+        dropped after), and the output layer runs over the whole padded chunk, so each product has a
+        shape of the invariant kernel class. Attention runs row by row over each row's own visible keys
+        gathered in position order (``_row_keys``): a tree node then sees the same key layout as the
+        token scored alone (in place, a tree puts its ancestors' keys apart, and bf16 dot products that
+        pair neighbouring keys then round differently), up to a multiple of key_align, masked."""
         shape = self.row_shape
         n = len(input_ids)
         base = self.length
@@ -224,14 +246,12 @@ class NativeLlamaRunner:
             rows = shape.padded(real)
             start = base + first
             key_end = shape.key_length(start + rows)
-            self.kv.reserve(key_end, used=start)
-            mask = torch.zeros(rows, key_end, dtype=torch.bool)
-            mask[:real, : start + real] = allowed[first:last, : start + real]
-            dummies = torch.arange(real, rows)
-            mask[dummies, start + dummies] = True
+            self.kv.reserve(key_end + 1, used=start)  # entry key_end: a zeroed key for the padding
+            row_keys, mask = _row_keys(allowed[first:last, : start + real], start, rows, key_end)
             chunk_ids = input_ids[first:last] + [input_ids[last - 1]] * (rows - real)
             chunk_positions = positions[first:last] + [positions[last - 1]] * (rows - real)
-            hidden, captured = self._layers(chunk_ids, chunk_positions, mask.to(self.param.device)[None, None], False, key_end)
+            device = self.param.device
+            hidden, captured = self._layers(chunk_ids, chunk_positions, mask.to(device), False, key_end + 1, row_keys.to(device))
             self.length = start + real  # the dummies' entries are dropped (overwritten by the next chunk)
             kept = max(0, last - max(first, n - keep))  # rows of this chunk among the last ``keep``
             if kept:
@@ -241,11 +261,12 @@ class NativeLlamaRunner:
         self.last_features = torch.cat(features) if features else None
         return torch.cat(logits)
 
-    def _layers(self, input_ids: list[int], positions: list[int], mask, causal: bool, key_end: int):
+    def _layers(self, input_ids: list[int], positions: list[int], mask, causal: bool, key_end: int, row_keys=None):
         """The decoder layers over m inputs written to cache entries [length, length + m), attending to
         keys [0, key_end) under ``mask`` (bool (1, 1, m, key_end) or None) / ``causal``; entries in
         [length + m, key_end) are zeroed (masked keys must hold no NaN: 0 * NaN = NaN).
-        Returns (hidden (1, m, hidden), features (m, F) or None)."""
+        row_keys: long (m, L) cache entries each input attends to, one attention per input (``mask``
+        then (m, 1, 1, L)). Returns (hidden (1, m, hidden), features (m, F) or None)."""
         n = len(input_ids)
         start, end = self.length, self.length + n
         device = self.param.device
@@ -268,11 +289,19 @@ class NativeLlamaRunner:
             if key_end > end:
                 key_cache[:, :, end:key_end] = 0
                 value_cache[:, :, end:key_end] = 0
+            q = _rotate(q, cos, sin)
+            if row_keys is None:
+                keys, values = key_cache[:, :, :key_end], value_cache[:, :, :key_end]
+            else:  # (m, kv heads, L, head_dim), each row's layout independent of m
+                keys = key_cache[0].transpose(0, 1)[row_keys].permute(0, 2, 1, 3)
+                values = value_cache[0].transpose(0, 1)[row_keys].permute(0, 2, 1, 3)
+                q = q.permute(2, 1, 0, 3)  # (m, heads, 1, head_dim): one query per batch entry
             out = F.scaled_dot_product_attention(
-                _rotate(q, cos, sin), key_cache[:, :, :key_end], value_cache[:, :, :key_end],
-                attn_mask=mask, is_causal=causal, scale=self.scaling,
+                q, keys, values, attn_mask=mask, is_causal=causal, scale=self.scaling,
                 enable_gqa=self.num_heads != self.num_kv_heads,
             )
+            if row_keys is not None:
+                out = out.permute(2, 1, 0, 3)  # back to (1, heads, m, head_dim)
             hidden = hidden + o_proj(out.transpose(1, 2).reshape(1, n, self.num_heads * self.head_dim))
             hidden = mlp_residual(hidden, layer, linears)
         features = None if capture is None else torch.cat([captured[i] for i in capture], dim=-1)

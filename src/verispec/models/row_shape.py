@@ -34,7 +34,7 @@ KEY_ALIGN = 64  # keys passed in multiples of this: a multiple of every vector w
 # (min_rows, max_rows) tried by the probe, cheapest first: a small pad keeps a plain step cheap, a
 # large cap keeps trees in one forward. The probe keeps the first whose rows are bit-identical.
 CANDIDATES = ((1, 16), (2, 14), (4, 14), (4, 12), (4, 10), (4, 8), (4, 5), (8, 14), (15, 15))
-PROBE_VERSION = 1  # bump when the probe's checks change: cached results of older probes are ignored
+PROBE_VERSION = 2  # bump when the probe's checks change: cached results of older probes are ignored
 
 
 @dataclass(frozen=True)
@@ -112,19 +112,21 @@ def _tree_round(runner, tokens: list[int], first: int, size: int, vocab_size: in
 
 
 @torch.no_grad()
-def rows_invariant(runner, shape: RowShape, vocab_size: int) -> bool:
+def rows_invariant(runner, shape: RowShape, vocab_size: int, prefix_len: int | None = None) -> bool:
     """Whether ``runner`` with ``shape`` gives bit-identical logits rows for a synthetic token chain
     decoded plainly (one token per forward, padded to min_rows) and (a) in chained chunks of every
     size in [1, max_rows], then (b) as token trees of every size in [2, max_rows] whose path nodes
     are interleaved with decoy siblings (so the path's keys are not contiguous in the cache, as in
     a draft tree), each tree's path kept like a commit.
 
-    The chain starts after a prefill of key_align - 3 tokens, so the decode crosses key-alignment
-    boundaries; rows are compared with ``torch.equal`` (bitwise, NaN never equal).
+    The chain starts after a prefill of ``prefix_len`` tokens (default: 3 before the larger of
+    key_align and the KV buffers' initial capacity), so the decode crosses a key-alignment boundary
+    and a buffer growth; rows are compared with ``torch.equal`` (bitwise, NaN never equal).
     """
     sizes = _chunk_sizes(shape.max_rows)
     tree_sizes = [size for size in sizes if size > 1]
-    prefix_len = max(1, shape.key_align - 3)
+    if prefix_len is None:  # cross a key-alignment boundary and the KV buffers' first growth
+        prefix_len = max(shape.key_align, runner.kv.min_capacity) - 3
     total = prefix_len + sum(sizes) + sum((size + 1) // 2 for size in tree_sizes)
     tokens = _chain_tokens(total, vocab_size)
     previous = runner.row_shape
