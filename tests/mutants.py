@@ -588,7 +588,10 @@ MUTANTS += [
     Mutant(
         "dummy_rows_visible",
         "real rows may attend to the dummy rows' keys (the padding changes the function)",
-        ((NATIVE, "            mask[dummies, start + dummies] = True", "            mask[:, start + real : start + rows] = True"),),
+        ((NATIVE, "        mask[row, : len(visible)] = True\n",
+          "        mask[row, : len(visible)] = True\n"
+          "        index[row, len(visible) : len(visible) + rows - real] = torch.arange(start + real, start + rows)\n"
+          "        mask[row, : len(visible) + rows - real] = True\n"),),
         (ROW_SHAPE_TESTS + "::test_shaped_forward_computes_the_same_function",),
     ),
     Mutant(
