@@ -574,12 +574,6 @@ MUTANTS += [
         (BATCH_INVARIANT_TESTS + "::test_seeded_texts_equal_plain_sampling_with_the_mode_in_bf16",),
     ),
     Mutant(
-        "keys_unaligned",
-        "attention gets exactly the cache length (no key alignment): its reductions change with the forward's length",
-        ((ROW_SHAPE, "        return -(-end // self.key_align) * self.key_align", "        return end"),),
-        (ROW_SHAPE_TESTS + "::test_bf16_rows_are_bit_identical_in_every_grouping",),
-    ),
-    Mutant(
         "rows_unpadded",
         "chunks are not padded to min_rows: a plain step runs the one-row kernels",
         ((ROW_SHAPE, "        return max(num_rows, self.min_rows)", "        return num_rows"),),

@@ -116,7 +116,7 @@ def test_shaped_forward_returns_features_of_real_rows():
 
 def test_bf16_rows_are_bit_identical_in_every_grouping():
     """bf16 with the forced shape: a plain padded decode, chains of 1..8 tokens and trees with decoy
-    siblings give the same rows bit for bit; without the key alignment they do not."""
+    siblings give the same rows bit for bit; without the mode they do not."""
     adapter = HFModelAdapter(small_llama(torch.bfloat16), backend="native")
     adapter.runner.row_shape = SHAPE
     sizes = [8, 1, 7, 2, 6, 3, 5, 4]
@@ -126,7 +126,7 @@ def test_bf16_rows_are_bit_identical_in_every_grouping():
     trees = tree_rows(adapter, depths)
     expected = plain[: sum(d + 1 for d in depths)]
     assert torch.equal(trees, expected)
-    adapter.runner.row_shape = RowShape(4, 8, key_align=1)  # control: keys not aligned
+    adapter.runner.row_shape = None  # control: the mode off
     assert not torch.equal(chunked_rows(adapter, sizes), plain_rows(adapter, sum(sizes)))
 
 
@@ -198,21 +198,20 @@ def test_probe_checks_trees_whose_path_keys_are_apart(monkeypatch):
     apart in the cache) chains still pass and trees do not, and the probe must say so."""
     adapter = HFModelAdapter(small_llama(torch.bfloat16), backend="native")
     runner = adapter.runner
-    attention = torch.nn.functional.scaled_dot_product_attention
+    attention = native_llama.NativeLlamaRunner._row_attention
 
-    def gaps_change_the_result(q, k, v, attn_mask=None, **options):
-        out = attention(q, k, v, attn_mask=attn_mask, **options)
-        visible = attn_mask[:, 0, 0].int()  # the shaped forward's per-row masks (rows, 1, 1, L)
-        gaps = ((visible[:, :-1] == 0) & (visible[:, 1:] == 1)).any(-1)  # a hidden key before a visible one
-        return out * (1 + 2 ** -6 * gaps.to(out.dtype))[:, None, None, None]
+    def gaps_change_the_result(self, q, key_cache, value_cache, row_keys, mask):
+        out = attention(self, q, key_cache, value_cache, row_keys, mask)
+        gaps = (~mask[:, :-1] & mask[:, 1:]).any(-1)  # a hidden key before a visible one
+        return out * (1 + 2 ** -6 * gaps.to(out.dtype))[:, None, None]
 
     def keys_in_place(allowed, start, rows, key_end):
         index, mask = torch.arange(key_end).expand(rows, key_end), torch.zeros(rows, key_end, dtype=torch.bool)
         mask[: allowed.shape[0], : allowed.shape[1]] = allowed
         mask[torch.arange(allowed.shape[0], rows), torch.arange(start + allowed.shape[0], start + rows)] = True
-        return index, mask[:, None, None]
+        return index, mask
 
-    monkeypatch.setattr(native_llama.F, "scaled_dot_product_attention", gaps_change_the_result)
+    monkeypatch.setattr(native_llama.NativeLlamaRunner, "_row_attention", gaps_change_the_result)
     assert rows_invariant(runner, SHAPE, VOCAB, prefix_len=40)
     monkeypatch.setattr(native_llama, "_row_keys", keys_in_place)
     assert not rows_invariant(runner, SHAPE, VOCAB, prefix_len=40)

@@ -118,7 +118,7 @@ def mlp_residual(hidden: torch.Tensor, layer, linears) -> torch.Tensor:
 
 
 def _row_keys(allowed: torch.Tensor, start: int, rows: int, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys of each row of a shaped chunk: (index long (rows, key_end), mask bool (rows, 1, 1, key_end)).
+    """Keys of each row of a shaped chunk: (index long (rows, key_end), mask bool (rows, key_end)).
 
     allowed: bool (real, start + real), the chunk's real rows. A real row's visible entries come first,
     in cache order (for a tree node: the committed context, then its ancestors, as if scored alone),
@@ -133,7 +133,7 @@ def _row_keys(allowed: torch.Tensor, start: int, rows: int, key_end: int) -> tup
         mask[row, : len(visible)] = True
     index[real:, 0] = torch.arange(start + real, start + rows)
     mask[real:, 0] = True
-    return index, mask[:, None, None]
+    return index, mask
 
 
 class NativeLlamaRunner:
@@ -232,9 +232,9 @@ class NativeLlamaRunner:
         with dummy rows to min_rows (dummies last, each seeing only itself, never seen by a real row,
         dropped after), and the output layer runs over the whole padded chunk, so each product has a
         shape of the invariant kernel class. Attention runs row by row over each row's own visible keys
-        gathered in position order (``_row_keys``): a tree node then sees the same key layout as the
-        token scored alone (in place, a tree puts its ancestors' keys apart, and bf16 dot products that
-        pair neighbouring keys then round differently), up to a multiple of key_align, masked."""
+        gathered in position order (``_row_keys``, ``_row_attention``): a tree node then sees the same
+        key layout as the token scored alone (in place, a tree puts its ancestors' keys apart, and bf16
+        dot products that pair neighbouring keys then round differently), up to a multiple of key_align."""
         shape = self.row_shape
         n = len(input_ids)
         base = self.length
@@ -265,8 +265,8 @@ class NativeLlamaRunner:
         """The decoder layers over m inputs written to cache entries [length, length + m), attending to
         keys [0, key_end) under ``mask`` (bool (1, 1, m, key_end) or None) / ``causal``; entries in
         [length + m, key_end) are zeroed (masked keys must hold no NaN: 0 * NaN = NaN).
-        row_keys: long (m, L) cache entries each input attends to, one attention per input (``mask``
-        then (m, 1, 1, L)). Returns (hidden (1, m, hidden), features (m, F) or None)."""
+        row_keys: long (m, L) cache entries each input attends to (``_row_attention``; ``mask`` then
+        bool (m, L)). Returns (hidden (1, m, hidden), features (m, F) or None)."""
         n = len(input_ids)
         start, end = self.length, self.length + n
         device = self.param.device
@@ -291,21 +291,31 @@ class NativeLlamaRunner:
                 value_cache[:, :, end:key_end] = 0
             q = _rotate(q, cos, sin)
             if row_keys is None:
-                keys, values = key_cache[:, :, :key_end], value_cache[:, :, :key_end]
-            else:  # (m, kv heads, L, head_dim), each row's layout independent of m
-                keys = key_cache[0].transpose(0, 1)[row_keys].permute(0, 2, 1, 3)
-                values = value_cache[0].transpose(0, 1)[row_keys].permute(0, 2, 1, 3)
-                q = q.permute(2, 1, 0, 3)  # (m, heads, 1, head_dim): one query per batch entry
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, is_causal=causal, scale=self.scaling,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )
-            if row_keys is not None:
-                out = out.permute(2, 1, 0, 3)  # back to (1, heads, m, head_dim)
-            hidden = hidden + o_proj(out.transpose(1, 2).reshape(1, n, self.num_heads * self.head_dim))
+                out = F.scaled_dot_product_attention(
+                    q, key_cache[:, :, :key_end], value_cache[:, :, :key_end], attn_mask=mask, is_causal=causal,
+                    scale=self.scaling, enable_gqa=self.num_heads != self.num_kv_heads,
+                ).transpose(1, 2)
+            else:
+                out = self._row_attention(q[0].transpose(0, 1), key_cache[0], value_cache[0], row_keys, mask)
+            hidden = hidden + o_proj(out.reshape(1, n, self.num_heads * self.head_dim))
             hidden = mlp_residual(hidden, layer, linears)
         features = None if capture is None else torch.cat([captured[i] for i in capture], dim=-1)
         return hidden, features
+
+    def _row_attention(self, q, key_cache, value_cache, row_keys, mask) -> torch.Tensor:
+        """Attention of each row over its own gathered keys, in float32: q (m, heads, head_dim);
+        key_cache / value_cache (kv heads, capacity, head_dim); row_keys long (m, L); mask bool (m, L).
+        Every row's products have one shape and layout whatever m (batched over rows and kv heads),
+        so a row's result does not depend on the forward it is in. Returns (m, heads, head_dim)."""
+        m = q.shape[0]
+        groups = self.num_heads // self.num_kv_heads  # query heads per kv head, as transformers' repeat_kv
+        keys = key_cache.transpose(0, 1)[row_keys].float()  # (m, L, kv heads, head_dim)
+        values = value_cache.transpose(0, 1)[row_keys].float()
+        queries = q.float().view(m, self.num_kv_heads, groups, self.head_dim)
+        scores = torch.matmul(queries, keys.permute(0, 2, 3, 1)) * self.scaling  # (m, kv heads, groups, L)
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), values.permute(0, 2, 1, 3))  # (m, kv heads, groups, hd)
+        return out.reshape(m, self.num_heads, self.head_dim).to(q.dtype)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer on hidden states (1, k, hidden): float32 CPU logits (k, V)."""
