@@ -580,12 +580,9 @@ MUTANTS += [
         (ROW_SHAPE_TESTS,),
     ),
     Mutant(
-        "dummy_rows_visible",
-        "real rows may attend to the dummy rows' keys (the padding changes the function)",
-        ((NATIVE, "        mask[row, : len(visible)] = True\n",
-          "        mask[row, : len(visible)] = True\n"
-          "        index[row, len(visible) : len(visible) + rows - real] = torch.arange(start + real, start + rows)\n"
-          "        mask[row, : len(visible) + rows - real] = True\n"),),
+        "row_keys_unmasked",
+        "each row attends to every entry of the chunk's cache, not only its visible ones (no tree/causal mask)",
+        ((NATIVE, "        visible = allowed[row].nonzero().flatten()", "        visible = torch.arange(allowed.shape[1])"),),
         (ROW_SHAPE_TESTS + "::test_shaped_forward_computes_the_same_function",),
     ),
     Mutant(

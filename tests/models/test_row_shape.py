@@ -205,11 +205,11 @@ def test_probe_checks_trees_whose_path_keys_are_apart(monkeypatch):
         gaps = (~mask[:, :-1] & mask[:, 1:]).any(-1)  # a hidden key before a visible one
         return out * (1 + 2 ** -6 * gaps.to(out.dtype))[:, None, None]
 
-    def keys_in_place(allowed, start, rows, key_end):
-        index, mask = torch.arange(key_end).expand(rows, key_end), torch.zeros(rows, key_end, dtype=torch.bool)
-        mask[: allowed.shape[0], : allowed.shape[1]] = allowed
-        mask[torch.arange(allowed.shape[0], rows), torch.arange(start + allowed.shape[0], start + rows)] = True
-        return index, mask
+    def keys_in_place(allowed, key_end):
+        real, columns = allowed.shape
+        mask = torch.zeros(real, key_end, dtype=torch.bool)
+        mask[:, :columns] = allowed
+        return torch.arange(key_end).expand(real, key_end), mask
 
     monkeypatch.setattr(native_llama.NativeLlamaRunner, "_row_attention", gaps_change_the_result)
     assert rows_invariant(runner, SHAPE, VOCAB, prefix_len=40)

@@ -117,22 +117,20 @@ def mlp_residual(hidden: torch.Tensor, layer, linears) -> torch.Tensor:
     return hidden + down_proj(F.silu(gate_proj(x)) * up_proj(x))
 
 
-def _row_keys(allowed: torch.Tensor, start: int, rows: int, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys of each row of a shaped chunk: (index long (rows, key_end), mask bool (rows, key_end)).
+def _row_keys(allowed: torch.Tensor, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys of each real row of a shaped chunk: (index long (real, key_end), mask bool (real, key_end)).
 
-    allowed: bool (real, start + real), the chunk's real rows. A real row's visible entries come first,
-    in cache order (for a tree node: the committed context, then its ancestors, as if scored alone),
-    then the zeroed entry ``key_end``, masked. Dummy row j (j >= real, cache entry start + j) sees itself.
+    allowed: bool (real, start + real). A row's visible entries come first, in cache order (for a tree
+    node: the committed context, then its ancestors, as if scored alone), then the zeroed entry
+    ``key_end``, masked.
     """
     real = allowed.shape[0]
-    index = torch.full((rows, key_end), key_end, dtype=torch.long)
-    mask = torch.zeros(rows, key_end, dtype=torch.bool)
+    index = torch.full((real, key_end), key_end, dtype=torch.long)
+    mask = torch.zeros(real, key_end, dtype=torch.bool)
     for row in range(real):
         visible = allowed[row].nonzero().flatten()
         index[row, : len(visible)] = visible
         mask[row, : len(visible)] = True
-    index[real:, 0] = torch.arange(start + real, start + rows)
-    mask[real:, 0] = True
     return index, mask
 
 
@@ -210,7 +208,9 @@ class NativeLlamaRunner:
         """
         n = len(input_ids)
         start, end = self.length, self.length + n
-        if self.row_shape is not None:
+        # A prefill (causal, empty cache) is the same forward in every run of a prompt, shaped or not:
+        # it runs unshaped (per-row attention over n rows would gather n^2 keys).
+        if self.row_shape is not None and not (allowed is None and start == 0):
             return self._forward_shaped(input_ids, positions, allowed, keep)
         self.kv.reserve(end, used=start)
         device = self.param.device
@@ -229,8 +229,8 @@ class NativeLlamaRunner:
 
     def _forward_shaped(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
         """``forward`` in chunks of ``row_shape``: each chunk of r <= max_rows real rows is padded
-        with dummy rows to min_rows (dummies last, each seeing only itself, never seen by a real row,
-        dropped after), and the output layer runs over the whole padded chunk, so each product has a
+        with dummy rows to min_rows (dummies last, with no attention of their own, never seen by a
+        real row, dropped after), and the output layer runs over the whole padded chunk, so each product has a
         shape of the invariant kernel class. Attention runs row by row over each row's own visible keys
         gathered in position order (``_row_keys``, ``_row_attention``): a tree node then sees the same
         key layout as the token scored alone (in place, a tree puts its ancestors' keys apart, and bf16
@@ -247,7 +247,7 @@ class NativeLlamaRunner:
             start = base + first
             key_end = shape.key_length(start + rows)
             self.kv.reserve(key_end + 1, used=start)  # entry key_end: a zeroed key for the padding
-            row_keys, mask = _row_keys(allowed[first:last, : start + real], start, rows, key_end)
+            row_keys, mask = _row_keys(allowed[first:last, : start + real], key_end)
             chunk_ids = input_ids[first:last] + [input_ids[last - 1]] * (rows - real)
             chunk_positions = positions[first:last] + [positions[last - 1]] * (rows - real)
             device = self.param.device
@@ -295,8 +295,10 @@ class NativeLlamaRunner:
                     q, key_cache[:, :, :key_end], value_cache[:, :, :key_end], attn_mask=mask, is_causal=causal,
                     scale=self.scaling, enable_gqa=self.num_heads != self.num_kv_heads,
                 ).transpose(1, 2)
-            else:
-                out = self._row_attention(q[0].transpose(0, 1), key_cache[0], value_cache[0], row_keys, mask)
+            else:  # real rows only: a dummy row's attention is never read (zeros keep the shape)
+                out = q.new_zeros(n, self.num_heads, self.head_dim)
+                real = row_keys.shape[0]
+                out[:real] = self._row_attention(q[0, :, :real].transpose(0, 1), key_cache[0], value_cache[0], row_keys, mask)
             hidden = hidden + o_proj(out.reshape(1, n, self.num_heads * self.head_dim))
             hidden = mlp_residual(hidden, layer, linears)
         features = None if capture is None else torch.cat([captured[i] for i in capture], dim=-1)
@@ -305,17 +307,20 @@ class NativeLlamaRunner:
     def _row_attention(self, q, key_cache, value_cache, row_keys, mask) -> torch.Tensor:
         """Attention of each row over its own gathered keys, in float32: q (m, heads, head_dim);
         key_cache / value_cache (kv heads, capacity, head_dim); row_keys long (m, L); mask bool (m, L).
-        Every row's products have one shape and layout whatever m (batched over rows and kv heads),
-        so a row's result does not depend on the forward it is in. Returns (m, heads, head_dim)."""
-        m = q.shape[0]
+        One row at a time (batched over kv heads only): a batched product over the rows rounds
+        differently with their number (measured in float32), and a row's result must not depend on
+        the forward it is in. Returns (m, heads, head_dim)."""
         groups = self.num_heads // self.num_kv_heads  # query heads per kv head, as transformers' repeat_kv
         keys = key_cache.transpose(0, 1)[row_keys].float()  # (m, L, kv heads, head_dim)
         values = value_cache.transpose(0, 1)[row_keys].float()
-        queries = q.float().view(m, self.num_kv_heads, groups, self.head_dim)
-        scores = torch.matmul(queries, keys.permute(0, 2, 3, 1)) * self.scaling  # (m, kv heads, groups, L)
-        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1), values.permute(0, 2, 1, 3))  # (m, kv heads, groups, hd)
-        return out.reshape(m, self.num_heads, self.head_dim).to(q.dtype)
+        queries = q.float().contiguous()
+        rows = []
+        for row in range(q.shape[0]):
+            query = queries[row].view(self.num_kv_heads, groups, self.head_dim)
+            scores = torch.matmul(query, keys[row].permute(1, 2, 0)) * self.scaling  # (kv heads, groups, L)
+            scores = scores.masked_fill(~mask[row], float("-inf"))
+            rows.append(torch.matmul(torch.softmax(scores, dim=-1), values[row].transpose(0, 1)))  # (kvh, groups, hd)
+        return torch.stack(rows).reshape(q.shape[0], self.num_heads, self.head_dim).to(q.dtype)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer on hidden states (1, k, hidden): float32 CPU logits (k, V)."""

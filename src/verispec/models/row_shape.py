@@ -34,7 +34,7 @@ KEY_ALIGN = 64  # keys passed in multiples of this: a multiple of every vector w
 # (min_rows, max_rows) tried by the probe, cheapest first: a small pad keeps a plain step cheap, a
 # large cap keeps trees in one forward. The probe keeps the first whose rows are bit-identical.
 CANDIDATES = ((1, 25), (1, 16), (2, 25), (2, 16), (2, 14), (4, 14), (4, 12), (4, 10), (4, 8), (4, 5), (8, 14), (15, 15))
-PROBE_VERSION = 3  # bump when the probe's checks change: cached results of older probes are ignored
+PROBE_VERSION = 4  # bump when the probe's checks change: cached results of older probes are ignored
 
 
 @dataclass(frozen=True)
