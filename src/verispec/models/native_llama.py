@@ -31,6 +31,10 @@ SmolLM, TinyLlama, the sub-vocabulary drafts of ``models.default_draft``) with S
 ``pretraining_tp`` 1; ``supports(model)`` says whether a model qualifies and why not, and the
 adapter falls back to the transformers forward otherwise. Logits agree with transformers' forward
 to float rounding (tests/models/test_native_llama.py: 1e-5 in fp32).
+
+Batch-invariant mode (``row_shape``, ``models.row_shape``): forwards run in padded chunks of a
+measured shape, with attention one row at a time over each row's gathered keys, so a row's logits do
+not depend on how many tokens shared its forward (docs/drafter-invariance.md).
 """
 
 from __future__ import annotations
