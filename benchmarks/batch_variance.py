@@ -5,7 +5,8 @@ sampling's (docs/drafter-invariance.md)?
     PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/batch_variance.py flips \\
         [--dtype fp32 bf16] [--prompts 10] [--tokens 96] [--chunks 4 16 32] [--json FILE]
     PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/batch_variance.py identical \\
-        [--dtype fp32] [--prompts 20] [--tokens 128] [--drafts tree ngram head] [--heldout] [--json FILE]
+        [--dtype fp32] [--prompts 20] [--tokens 128] [--drafts tree ngram head] [--heldout] \\
+        [--invariant off on] [--json FILE]
 
 Prompts: the first turns of Spec-Bench (/work/shared/data/spec_bench/question.jsonl, or --data)
 whose question_id is NOT divisible by 5 (those are held out for evaluation), in file order
@@ -27,6 +28,8 @@ n-gram + gumbel; the shipped draft head + gumbel, "head") with the same seed at 
 first differing position's gap (as above) in the row re-scored after a prefill of the common
 prefix (an estimate of plain decoding's own row, whose KV entries came from 1-token forwards): a
 batch-variance flip when that gap is of the size of the row differences measured by ``flips``.
+``--invariant on``: every decoder (ar included) and the re-scoring adapter run the batch-invariant
+row shape measured for this machine (``models.row_shape``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from verispec.core.noise import GumbelNoise, gumbel_argmax
 from verispec.core.rows import LogitRows
 from verispec.core.sampling import SamplingParams
 from verispec.engine.decoder import SpeculativeDecoder
+from verispec.engine.invariance import enable_batch_invariance
 from verispec.models.default import encode_prompt, load_default_target
 from verispec.models.hf import HFModelAdapter
 
@@ -158,31 +162,45 @@ def measure_identical(args) -> list[dict]:
     results = []
     for dtype_name in args.dtype:
         model, tokenizer = load_default_target(DTYPES[dtype_name])
-        common = dict(tokenizer=tokenizer, temperature=TEMPERATURE, max_new_tokens=args.tokens, eos_token_id=[], seed=args.seed)
-        plain = SpeculativeDecoder(model, None, method="ar", **common)
-        decoders = {draft: SpeculativeDecoder(model, None if draft == "tree" else draft, **common) for draft in args.drafts}
-        adapter = HFModelAdapter(model)
-        params = SamplingParams(TEMPERATURE)
-        for prompt in prompts:
-            ids = encode_prompt(tokenizer, prompt.text)
-            reference = plain.generate(ids).token_ids
-            for draft, decoder in decoders.items():
-                output = decoder.generate(ids)
-                row = {"dtype": dtype_name, "prompt_id": prompt.prompt_id, "category": prompt.category, "draft": draft,
-                       "method": output.method, "identical": output.token_ids == reference,
-                       "block_efficiency": output.block_efficiency}
-                if not row["identical"]:
-                    first = next(i for i, (a, b) in enumerate(zip(output.token_ids, reference)) if a != b)
-                    with torch.no_grad():
-                        adapter.reset(ids + reference[:first])
-                        logits = adapter.score([-1], [-1]).float().cpu()
-                    row.update(first_mismatch=first, gap=_gap(logits, params, GumbelNoise(args.seed), len(ids) + first,
-                                                             reference[first], output.token_ids[first]))
-                results.append(row)
-                print(json.dumps(row), flush=True)
-        for draft in args.drafts:
-            rows = [r for r in results if r["draft"] == draft and r["dtype"] == dtype_name]
-            print(f"{dtype_name} {draft}: {sum(r['identical'] for r in rows)} of {len(rows)} identical to --method ar", flush=True)
+        for invariant in args.invariant:
+            results += identical_runs(args, model, tokenizer, prompts, dtype_name, invariant == "on")
+    return results
+
+
+def identical_runs(args, model, tokenizer, prompts, dtype_name: str, invariant: bool) -> list[dict]:
+    """The ``identical`` rows of one dtype, with or without the batch-invariant mode (``--method ar``
+    then uses it too: both must run the same row shapes to be comparable)."""
+    results = []
+    common = dict(tokenizer=tokenizer, temperature=TEMPERATURE, max_new_tokens=args.tokens, eos_token_id=[],
+                  seed=args.seed, batch_invariant=invariant)
+    plain = SpeculativeDecoder(model, None, method="ar", **common)
+    decoders = {draft: SpeculativeDecoder(model, None if draft == "tree" else draft, **common) for draft in args.drafts}
+    adapter = HFModelAdapter(model)
+    if invariant:
+        enable_batch_invariance(adapter)
+        print(f"{dtype_name}: batch-invariant row shape {plain.row_shape}", flush=True)
+    params = SamplingParams(TEMPERATURE)
+    for prompt in prompts:
+        ids = encode_prompt(tokenizer, prompt.text)
+        reference = plain.generate(ids).token_ids
+        for draft, decoder in decoders.items():
+            output = decoder.generate(ids)
+            row = {"dtype": dtype_name, "invariant": invariant, "prompt_id": prompt.prompt_id, "category": prompt.category, "draft": draft,
+                   "method": output.method, "identical": output.token_ids == reference,
+                   "block_efficiency": output.block_efficiency}
+            if not row["identical"]:
+                first = next(i for i, (a, b) in enumerate(zip(output.token_ids, reference)) if a != b)
+                with torch.no_grad():
+                    adapter.reset(ids + reference[:first])
+                    logits = adapter.score([-1], [-1]).float().cpu()
+                row.update(first_mismatch=first, gap=_gap(logits, params, GumbelNoise(args.seed), len(ids) + first,
+                                                         reference[first], output.token_ids[first]))
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    for draft in args.drafts:
+        rows = [r for r in results if r["draft"] == draft]
+        mode = "batch-invariant" if invariant else "default shapes"
+        print(f"{dtype_name} {mode} {draft}: {sum(r['identical'] for r in rows)} of {len(rows)} identical to --method ar", flush=True)
     return results
 
 
@@ -196,6 +214,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, nargs="+", default=[4, 16, 32])
     parser.add_argument("--drafts", nargs="+", default=["tree", "ngram"], choices=["tree", "ngram", "head"])
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--invariant", nargs="+", choices=["off", "on"], default=["off"],
+                        help="'identical' without and/or with the batch-invariant mode (ar and the drafts alike)")
     parser.add_argument("--heldout", action="store_true", help="held-out prompts (ids divisible by 5) for 'identical'")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", type=Path, default=None)

@@ -687,6 +687,63 @@ MUTANTS += [
     ),
 ]
 
+ROW_SHAPE = "models/row_shape.py"
+NATIVE = "models/native_llama.py"
+ROW_SHAPE_TESTS = "tests/models/test_row_shape.py"
+BATCH_INVARIANT_TESTS = "tests/engine/test_batch_invariant.py"
+MUTANTS += [
+    Mutant(
+        "invariance_off",
+        "batch_invariant / enable_batch_invariance leaves the runner unshaped (bf16 seeded texts then differ from ar's here)",
+        (("engine/invariance.py", "invariant_row_shape(runner, target.vocab_size) if shape is None else shape",
+          "invariant_row_shape(runner, target.vocab_size) if shape is None else None"),),
+        (BATCH_INVARIANT_TESTS + "::test_seeded_texts_equal_plain_sampling_with_the_mode_in_bf16",),
+    ),
+    Mutant(
+        "rows_unpadded",
+        "chunks are not padded to min_rows: a plain step runs the one-row kernels",
+        ((ROW_SHAPE, "        return max(num_rows, self.min_rows)", "        return num_rows"),),
+        (ROW_SHAPE_TESTS,),
+    ),
+    Mutant(
+        "row_keys_unmasked",
+        "each row attends to every entry of the chunk's cache, not only its visible ones (no tree/causal mask)",
+        ((NATIVE, "        visible = allowed[row].nonzero().flatten()", "        visible = torch.arange(allowed.shape[1])"),),
+        (ROW_SHAPE_TESTS + "::test_shaped_forward_computes_the_same_function",),
+    ),
+    Mutant(
+        "dummy_rows_kept",
+        "the cache length ends after the dummy rows (they stay visible to later forwards)",
+        ((NATIVE, "            self.length = start + real  #", "            self.length = start + rows  #"),),
+        (ROW_SHAPE_TESTS + "::test_shaped_forward_computes_the_same_function",),
+    ),
+    Mutant(
+        "logits_of_dummy_rows",
+        "a padded chunk returns the logits of its last rows (dummies) instead of its real rows",
+        ((NATIVE, "[real - kept : real]", "[rows - kept : rows]"),),
+        (ROW_SHAPE_TESTS + "::test_shaped_forward_computes_the_same_function",),
+    ),
+    Mutant(
+        "probe_without_trees",
+        "the probe checks chains only (trees put a path's keys apart in the cache: not invariant in fp32 here)",
+        ((ROW_SHAPE, "    tree_sizes = [size for size in sizes if size > 1]", "    tree_sizes = []"),),
+        (ROW_SHAPE_TESTS,),
+    ),
+    Mutant(
+        "padding_keys_not_zeroed",
+        "the masked keys past the cache length are not zeroed (a stale NaN there turns every row NaN: 0 * NaN)",
+        ((NATIVE, "            if key_end > end:\n", "            if False:\n"),),
+        (ROW_SHAPE_TESTS + "::test_masked_padding_keys_are_zeroed_so_stale_nan_cannot_leak",),
+    ),
+    Mutant(
+        "chunks_uncapped",
+        "a forward longer than max_rows runs in one piece (its rows leave the invariant kernel class)",
+        ((ROW_SHAPE, "        return [(a, min(a + self.max_rows, num_rows)) for a in range(0, num_rows, self.max_rows)]",
+          "        return [(0, num_rows)] if num_rows else []"),),
+        (ROW_SHAPE_TESTS,),
+    ),
+]
+
 
 REST_TESTS = "tests/engine/test_rest_schedule.py"
 MUTANTS += [

@@ -79,6 +79,7 @@ def _decoder(args, target_model, tokenizer, draft_model, method=None) -> Specula
         seed=args.seed,
         device=args.device,
         backend=getattr(args, "backend", "auto"),
+        batch_invariant=getattr(args, "batch_invariant", False),
     )
 
 

@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_flags(gen)
     gen.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=128)
     gen.add_argument("--seed", type=flags.seed, default=0, help="a whole number in [0, 2**63) (default 0)")
+    gen.add_argument("--batch-invariant", action="store_true",
+                     help="shape every target forward so rows do not depend on the forward they share (measured once "
+                          "per machine): a seed then gives --method ar's text bit for bit in bf16 too; native runner, "
+                          "one prompt at a time")
     _add_threads_flag(gen)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")

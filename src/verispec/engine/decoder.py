@@ -36,9 +36,11 @@ from verispec.engine.checks import (
     check_tree_shape,
     eos_token_ids,
 )
+from verispec.engine.adapters import _as_adapter, draft_backend  # noqa: F401 (imported from here by callers)
 from verispec.engine.cost_model import OnlineCostModel, RoundDecision
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter, default_method, is_token_tree
 from verispec.engine.results import GenerationOutput, StepStats
+from verispec.engine.invariance import enable_batch_invariance, fit_rounds_to_rows, row_shape_of
 from verispec.engine.head_drafter import CONTEXT_ONLY_Q_RULES, HeadDrafter, is_head_source, load_head_source
 from verispec.engine.streaming import TextStream, stop_cut
 from verispec.errors import ConfigError
@@ -47,30 +49,6 @@ from verispec.verify.qfree import qfree_walk
 from verispec.verify.base import VerifyResult
 from verispec.verify.gumbel import GumbelCoupledVerification
 from verispec.verify.registry import MethodSpec, get_method
-
-
-def _as_adapter(model, device=None, backend: str = "auto"):
-    """The KV-cached adapter of ``model``: an adapter as is; a GGUF file (a ``.gguf`` path, or the
-    default / a named target on backend "llamacpp") on llama.cpp (``models.llamacpp``); a
-    transformers model on torch (``models.hf``)."""
-    from verispec.models.hf import HFModelAdapter
-    from verispec.models.llamacpp import LlamaCppAdapter, is_gguf_source, load_llamacpp_adapter
-
-    if isinstance(model, (HFModelAdapter, LlamaCppAdapter)):
-        return model
-    if backend == "llamacpp" or is_gguf_source(model):
-        return load_llamacpp_adapter(model, backend)
-    return HFModelAdapter(model, device=device, backend=backend)
-
-
-def draft_backend(backend: str, draft) -> str:
-    """The backend a draft model runs on: the decoder's, except that a transformers draft next to a
-    llama.cpp target runs on torch ("auto"): only GGUF drafts run on llama.cpp."""
-    from verispec.models.llamacpp import LlamaCppAdapter, is_gguf_source
-
-    if backend == "llamacpp" and not (is_gguf_source(draft) or isinstance(draft, LlamaCppAdapter)):
-        return "auto"
-    return backend
 
 
 class TextDecoding:
@@ -180,6 +158,9 @@ class SpeculativeDecoder(TextDecoding):
     ``DraftTree`` (target vectors as verified, modifications applied; the model's own rows in
     ``tree.unmodified_target`` when windows were in force), the ``VerifyResult`` and
     the round's ``StepStats`` — e.g. to record draft trees for replay.
+    batch_invariant: shape every target forward with the row shape measured for this machine
+    (``engine.invariance``), so rows do not depend on the forward they share and a seed gives plain
+    sampling's text bit for bit in bf16 too; native runner, one sequence at a time.
     """
 
     def __init__(
@@ -204,9 +185,11 @@ class SpeculativeDecoder(TextDecoding):
         backend: str = "auto",
         max_draft_len: int = AUTO_MAX_DRAFT_LEN,
         cost_model: OnlineCostModel | None = None,
+        batch_invariant: bool = False,
     ):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
+        self.row_shape = enable_batch_invariance(self.target) if batch_invariant else row_shape_of(self.target)
         if method is None:
             method = default_method(draft)
         self.method = method
@@ -253,12 +236,16 @@ class SpeculativeDecoder(TextDecoding):
                 f"draft vocabulary has {self.drafter.vocab_size} tokens but the target has "
                 f"{self.target.vocab_size}; speculative decoding needs one shared tokenizer/vocabulary"
             )
+        if self.row_shape is not None:
+            fit_rounds_to_rows(self, self.row_shape)
 
     def generate_batch(self, prompts, max_batch: int = 8, **options) -> list:
         """Decode several prompts together, one target forward per round for all of them, at most
         ``max_batch`` at once; options and outputs as ``engine.batch.BatchDecoder.generate``."""
         from verispec.engine.batch import BatchDecoder
 
+        if self.row_shape is not None:
+            raise ConfigError("batch-invariant mode shapes single-sequence forwards; decode the prompts one by one")
         return BatchDecoder(self, max_batch=max_batch).generate(prompts, **options)
 
     # ----- configuration checks ----------------------------------------------------------

@@ -31,6 +31,10 @@ SmolLM, TinyLlama, the sub-vocabulary drafts of ``models.default_draft``) with S
 ``pretraining_tp`` 1; ``supports(model)`` says whether a model qualifies and why not, and the
 adapter falls back to the transformers forward otherwise. Logits agree with transformers' forward
 to float rounding (tests/models/test_native_llama.py: 1e-5 in fp32).
+
+Batch-invariant mode (``row_shape``, ``models.row_shape``): forwards run in padded chunks of a
+measured shape, with attention one row at a time over each row's gathered keys, so a row's logits do
+not depend on how many tokens shared its forward (docs/drafter-invariance.md).
 """
 
 from __future__ import annotations
@@ -117,6 +121,23 @@ def mlp_residual(hidden: torch.Tensor, layer, linears) -> torch.Tensor:
     return hidden + down_proj(F.silu(gate_proj(x)) * up_proj(x))
 
 
+def _row_keys(allowed: torch.Tensor, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys of each real row of a shaped chunk: (index long (real, key_end), mask bool (real, key_end)).
+
+    allowed: bool (real, start + real). A row's visible entries come first, in cache order (for a tree
+    node: the committed context, then its ancestors, as if scored alone), then the zeroed entry
+    ``key_end``, masked.
+    """
+    real = allowed.shape[0]
+    index = torch.full((real, key_end), key_end, dtype=torch.long)
+    mask = torch.zeros(real, key_end, dtype=torch.bool)
+    for row in range(real):
+        visible = allowed[row].nonzero().flatten()
+        index[row, : len(visible)] = visible
+        mask[row, : len(visible)] = True
+    return index, mask
+
+
 class NativeLlamaRunner:
     """Forward of a Llama-architecture ``model`` (batch size 1) over a preallocated KV cache.
 
@@ -152,6 +173,8 @@ class NativeLlamaRunner:
             self.head = _Linear(head, self.prepacked) if type(head) is torch.nn.Linear else None
         self.kv = KVBuffers(len(self.layers), self.num_kv_heads, self.head_dim, self.param, initial_capacity)
         self.length = 0  # valid cache entries
+        # batch-invariant mode (``models.row_shape``): None = every forward in one piece, as given
+        self.row_shape = None
         # opt-in feature capture (EAGLE-3 heads): HF hidden_states indices whose states (the
         # inputs of those decoder layers) every forward also returns in ``last_features``
         self.feature_layers: tuple[int, ...] | None = None
@@ -184,15 +207,17 @@ class NativeLlamaRunner:
         plain causal attention over the whole cache (a prefill, or a single query token).
         Returns (keep, V). With ``feature_layers`` set, ``last_features`` becomes the
         (n, len(feature_layers) * hidden) states of every input (model dtype and device).
+        With ``row_shape`` set (batch-invariant mode, ``models.row_shape``) the forward runs as
+        chunks of that shape; same function, rows independent of how the tokens were grouped.
         """
         n = len(input_ids)
         start, end = self.length, self.length + n
+        # A prefill (causal, empty cache) is the same forward in every run of a prompt, shaped or not:
+        # it runs unshaped (per-row attention over n rows would gather n^2 keys).
+        if self.row_shape is not None and not (allowed is None and start == 0):
+            return self._forward_shaped(input_ids, positions, allowed, keep)
         self.kv.reserve(end, used=start)
         device = self.param.device
-        body = self.model.model
-        hidden = body.embed_tokens(torch.tensor([input_ids], device=device))
-        cos, sin = body.rotary_emb(hidden, torch.tensor([positions], device=device))
-        cos, sin = cos[:, None], sin[:, None]  # (1, 1, n, head_dim)
         if allowed is not None:
             mask = allowed.to(device)[None, None]
             causal = False
@@ -201,6 +226,58 @@ class NativeLlamaRunner:
             causal = n > 1 and start == 0  # with earlier entries a causal mask would be misaligned
             if n > 1 and start > 0:
                 mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)[None, None]
+        hidden, features = self._layers(input_ids, positions, mask, causal, end)
+        self.length = end
+        self.last_features = features
+        return self.output_logits(hidden[:, -keep:])
+
+    def _forward_shaped(self, input_ids: list[int], positions: list[int], allowed: torch.Tensor | None, keep: int):
+        """``forward`` in chunks of ``row_shape``: each chunk of r <= max_rows real rows is padded
+        with dummy rows to min_rows (dummies last, with no attention of their own, never seen by a
+        real row, dropped after), and the output layer runs over the whole padded chunk, so each product has a
+        shape of the invariant kernel class. Attention runs row by row over each row's own visible keys
+        gathered in position order (``_row_keys``, ``_row_attention``): a tree node then sees the same
+        key layout as the token scored alone (in place, a tree puts its ancestors' keys apart, and bf16
+        dot products that pair neighbouring keys then round differently), up to a multiple of key_align."""
+        shape = self.row_shape
+        n = len(input_ids)
+        base = self.length
+        if allowed is None:
+            allowed = torch.ones(n, base + n, dtype=torch.bool).tril(base)
+        logits, features = [], []
+        for first, last in shape.chunks(n):
+            real = last - first
+            rows = shape.padded(real)
+            start = base + first
+            key_end = shape.key_length(start + rows)
+            self.kv.reserve(key_end + 1, used=start)  # entry key_end: a zeroed key for the padding
+            row_keys, mask = _row_keys(allowed[first:last, : start + real], key_end)
+            chunk_ids = input_ids[first:last] + [input_ids[last - 1]] * (rows - real)
+            chunk_positions = positions[first:last] + [positions[last - 1]] * (rows - real)
+            device = self.param.device
+            hidden, captured = self._layers(chunk_ids, chunk_positions, mask.to(device), False, key_end + 1, row_keys.to(device))
+            self.length = start + real  # the dummies' entries are dropped (overwritten by the next chunk)
+            kept = max(0, last - max(first, n - keep))  # rows of this chunk among the last ``keep``
+            if kept:
+                logits.append(self.output_logits(hidden)[real - kept : real])
+            if captured is not None:
+                features.append(captured[:real])
+        self.last_features = torch.cat(features) if features else None
+        return torch.cat(logits)
+
+    def _layers(self, input_ids: list[int], positions: list[int], mask, causal: bool, key_end: int, row_keys=None):
+        """The decoder layers over m inputs written to cache entries [length, length + m), attending to
+        keys [0, key_end) under ``mask`` (bool (1, 1, m, key_end) or None) / ``causal``; entries in
+        [length + m, key_end) are zeroed (masked keys must hold no NaN: 0 * NaN = NaN).
+        row_keys: long (m, L) cache entries each input attends to (``_row_attention``; ``mask`` then
+        bool (m, L)). Returns (hidden (1, m, hidden), features (m, F) or None)."""
+        n = len(input_ids)
+        start, end = self.length, self.length + n
+        device = self.param.device
+        body = self.model.model
+        hidden = body.embed_tokens(torch.tensor([input_ids], device=device))
+        cos, sin = body.rotary_emb(hidden, torch.tensor([positions], device=device))
+        cos, sin = cos[:, None], sin[:, None]  # (1, 1, n, head_dim)
         capture = self.feature_layers
         captured: dict[int, torch.Tensor] = {}
         for index, (layer, linears, key_cache, value_cache) in enumerate(zip(self.layers, self.linears, self.kv.keys, self.kv.values)):
@@ -213,17 +290,41 @@ class NativeLlamaRunner:
             v = v_proj(x).view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             key_cache[:, :, start:end] = _rotate(k, cos, sin)
             value_cache[:, :, start:end] = v
-            out = F.scaled_dot_product_attention(
-                _rotate(q, cos, sin), key_cache[:, :, :end], value_cache[:, :, :end],
-                attn_mask=mask, is_causal=causal, scale=self.scaling,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )
-            hidden = hidden + o_proj(out.transpose(1, 2).reshape(1, n, self.num_heads * self.head_dim))
+            if key_end > end:
+                key_cache[:, :, end:key_end] = 0
+                value_cache[:, :, end:key_end] = 0
+            q = _rotate(q, cos, sin)
+            if row_keys is None:
+                out = F.scaled_dot_product_attention(
+                    q, key_cache[:, :, :key_end], value_cache[:, :, :key_end], attn_mask=mask, is_causal=causal,
+                    scale=self.scaling, enable_gqa=self.num_heads != self.num_kv_heads,
+                ).transpose(1, 2)
+            else:  # real rows only: a dummy row's attention is never read (zeros keep the shape)
+                out = q.new_zeros(n, self.num_heads, self.head_dim)
+                real = row_keys.shape[0]
+                out[:real] = self._row_attention(q[0, :, :real].transpose(0, 1), key_cache[0], value_cache[0], row_keys, mask)
+            hidden = hidden + o_proj(out.reshape(1, n, self.num_heads * self.head_dim))
             hidden = mlp_residual(hidden, layer, linears)
-        self.length = end
-        if capture is not None:
-            self.last_features = torch.cat([captured[i] for i in capture], dim=-1)
-        return self.output_logits(hidden[:, -keep:])
+        features = None if capture is None else torch.cat([captured[i] for i in capture], dim=-1)
+        return hidden, features
+
+    def _row_attention(self, q, key_cache, value_cache, row_keys, mask) -> torch.Tensor:
+        """Attention of each row over its own gathered keys, in float32: q (m, heads, head_dim);
+        key_cache / value_cache (kv heads, capacity, head_dim); row_keys long (m, L); mask bool (m, L).
+        One row at a time (batched over kv heads only): a batched product over the rows rounds
+        differently with their number (measured in float32), and a row's result must not depend on
+        the forward it is in. Returns (m, heads, head_dim)."""
+        groups = self.num_heads // self.num_kv_heads  # query heads per kv head, as transformers' repeat_kv
+        keys = key_cache.transpose(0, 1)[row_keys].float()  # (m, L, kv heads, head_dim)
+        values = value_cache.transpose(0, 1)[row_keys].float()
+        queries = q.float().contiguous()
+        rows = []
+        for row in range(q.shape[0]):
+            query = queries[row].view(self.num_kv_heads, groups, self.head_dim)
+            scores = torch.matmul(query, keys[row].permute(1, 2, 0)) * self.scaling  # (kv heads, groups, L)
+            scores = scores.masked_fill(~mask[row], float("-inf"))
+            rows.append(torch.matmul(torch.softmax(scores, dim=-1), values[row].transpose(0, 1)))  # (kvh, groups, hd)
+        return torch.stack(rows).reshape(q.shape[0], self.num_heads, self.head_dim).to(q.dtype)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer on hidden states (1, k, hidden): float32 CPU logits (k, V)."""
