@@ -78,3 +78,26 @@ def test_the_decoder_rests_where_the_target_asks_llamacpp_does_and_torch_does_no
     assert LlamaCppAdapter.rest_after > 0
     target.rest_after = LlamaCppAdapter.rest_after
     assert SpeculativeDecoder(target).drafter.rest.after == LlamaCppAdapter.rest_after
+
+
+def test_a_deterministic_drafter_without_resting_decodes_as_before():
+    """A drafter offering the token-tree interface but no ``resting`` (a duck-typed one) never rests."""
+
+    class Wrapped:
+        deterministic = True
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            if name == "resting":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    target = tiny_llama(0)
+    inner = TokenTreeDrafter(VOCAB, k=3, max_nodes=8, max_depth=4, cost=STEEP, adjacency=confident_table(),
+                             rest=RestSchedule(after=1, wake_every=2))
+    common = dict(temperature=0.0, max_new_tokens=8, eos_token_id=[])
+    output = SpeculativeDecoder(target, Wrapped(inner), method="qfree", **common).generate(PROMPT)
+    assert output.token_ids == SpeculativeDecoder(target, None, method="ar", **common).generate(PROMPT).token_ids
+    assert inner.rest.quiet == 8  # every round proposed

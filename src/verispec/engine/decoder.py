@@ -401,7 +401,7 @@ class SpeculativeDecoder(TextDecoding):
                 draft_len, decision = self._choose_chain_len(chain_policy, draft_len)
             if self.spec is None:
                 step, output_tokens, windows = self._plain_round(rng)
-            elif getattr(self.drafter, "deterministic", False) and self.drafter.resting():
+            elif getattr(self.drafter, "deterministic", False) and getattr(self.drafter, "resting", bool)():  # without resting(): never rests
                 step, output_tokens, windows = self._plain_round(rng)  # the root-only walk's own draw
                 self.drafter.commit([], output_tokens[0])
                 decision = RoundDecision(1, 1.0, self.cost_model.round_seconds(1))
