@@ -18,6 +18,7 @@ repeat:
     default        the default: LlamaCppAdapter.cost_prior, its acceptance_prior_scale, shadow trials,
                    resting after 8 root-only rounds (plain rounds, a proposal every 8th)
     no-rest        the default without resting (every round proposes)
+    rest-A-W       the default resting after A root-only rounds, proposing every W-th (e.g. rest-2-16)
     root-only      prior 0, no shadow trials, no resting: never drafts; the token-tree path's own overhead
     no-shadow      the target's own priors without shadow trials (with --backend torch: the
                    torch default before shadow trials; the native runner in torch's fast dtype)
@@ -105,6 +106,11 @@ def main(argv=None) -> int:
             return SpeculativeDecoder(target, TokenTreeDrafter(target.vocab_size, prior_scale=scale, rest=RestSchedule(after=0)), **common)
         if name == "default":
             return SpeculativeDecoder(target, None, **common)
+        if name.startswith("rest-"):  # rest-AFTER-WAKE: the default resting after AFTER root-only rounds, proposing every WAKE-th
+            after, wake = (int(part) for part in name.split("-")[1:])
+            scale = getattr(target, "acceptance_prior_scale", 1.0)
+            draft = TokenTreeDrafter(target.vocab_size, prior_scale=scale, rest=RestSchedule(after=after, wake_every=wake))
+            return SpeculativeDecoder(target, draft, **common)
         raise SystemExit(f"unknown configuration {name!r}")
 
     names = args.configs.split(",")

@@ -76,8 +76,9 @@ def test_the_decoder_rests_where_the_target_asks_llamacpp_does_and_torch_does_no
     target = HFModelAdapter(tiny_llama(0))
     assert SpeculativeDecoder(target).drafter.rest.after == 0  # torch: resting delayed the trees that pay
     assert LlamaCppAdapter.rest_after > 0
-    target.rest_after = LlamaCppAdapter.rest_after
-    assert SpeculativeDecoder(target).drafter.rest.after == LlamaCppAdapter.rest_after
+    target.rest_after, target.rest_wake_every = LlamaCppAdapter.rest_after, LlamaCppAdapter.rest_wake_every
+    rest = SpeculativeDecoder(target).drafter.rest
+    assert (rest.after, rest.wake_every) == (LlamaCppAdapter.rest_after, LlamaCppAdapter.rest_wake_every)
 
 
 def test_a_deterministic_drafter_without_resting_decodes_as_before():

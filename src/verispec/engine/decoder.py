@@ -302,7 +302,7 @@ class SpeculativeDecoder(TextDecoding):
             return draft
         if is_token_tree(draft) and (draft is not None or self.spec.tree_scheme is DraftScheme.DETERMINISTIC):
             return TokenTreeDrafter(self.target.vocab_size, prior_scale=getattr(self.target, "acceptance_prior_scale", 1.0),
-                                    rest=RestSchedule(after=getattr(self.target, "rest_after", 0)))
+                                    rest=RestSchedule(getattr(self.target, "rest_after", 0), getattr(self.target, "rest_wake_every", 8)))
         if draft is None or (isinstance(draft, str) and draft == "ngram"):
             return NGramDrafter(self.target.vocab_size, self.draft_params)
         if hasattr(draft, "begin_round"):

@@ -253,9 +253,11 @@ class LlamaCppAdapter(RoundState):
     # steep, a tree node pays only when it is accepted ~80% of the time, so a fresh decoder drafts
     # nothing until the shadow trials of its root-only rounds have shown a class is (docs/llamacpp.md)
     acceptance_prior_scale = 0.0
-    # token trees rest after 8 root-only rounds (engine.drafters.TokenTreeDrafter ``rest``): a
-    # root-only round's candidate work is ~9% of a plain step here (0.93x -> 0.97x plain, held out)
-    rest_after = 8
+    # token trees rest after 2 root-only rounds and propose every 16th (engine.drafters.TokenTreeDrafter
+    # ``rest``): a root-only round's candidate work is ~9% of a plain step here; chosen on the tuning
+    # prompts (2/16 0.968x plain, 8/8 0.951x, 4/16 0.948x; benchmarks/llamacpp_prior.py --tuning)
+    rest_after = 2
+    rest_wake_every = 16
     features_supported = False  # no hidden states: draft heads are refused
     feature_layers = None
 
