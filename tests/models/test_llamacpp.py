@@ -369,6 +369,7 @@ def test_a_long_prompt_prefilled_in_one_batch_keeps_speculative_output_equal_to_
     plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     spec = SpeculativeDecoder(target, None, temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     spec.drafter.cost = FREE_TREES
+    spec.drafter.rest = RestSchedule(after=0)  # propose every round: the test needs branching trees
     reference = plain.generate(ids).token_ids
     output = spec.generate(ids)
     assert output.token_ids == reference
