@@ -62,6 +62,20 @@ def test_a_reading_renews_the_tables_read_between_readings():
     assert first[0] == pytest.approx(1 + prior_overhead_shape([1])[0])
 
 
+def test_standing_seconds_reads_the_last_table_without_recomputing():
+    """A resting round records the prediction standing since the last table: readings after it
+    do not move it until a round reads the table again (then it is that table's)."""
+    model = OnlineCostModel()
+    assert model.standing_seconds(1) == pytest.approx(1 + prior_overhead_shape([1])[0])  # no table yet: computed
+    model.record(1, 0.5, 0.001)
+    before = model.standing_seconds(1)
+    assert before == pytest.approx(1 + prior_overhead_shape([1])[0])  # the table from before the reading
+    fresh = model.round_seconds(1)
+    assert fresh == pytest.approx(0.5 * (1 + prior_overhead_shape([1])[0]), rel=0.01) and fresh != before
+    assert model.standing_seconds(1) == fresh
+    assert model.standing_seconds(4) == model.round_seconds(4)  # a table too short: computed
+
+
 def test_the_table_follows_the_machine_and_so_does_the_tree():
     cheap, dear = OnlineCostModel(), OnlineCostModel()
     machine(cheap, 0.02, 0.0002)  # scoring more tokens costs almost nothing: big trees pay

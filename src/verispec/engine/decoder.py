@@ -404,7 +404,7 @@ class SpeculativeDecoder(TextDecoding):
             elif getattr(self.drafter, "deterministic", False) and getattr(self.drafter, "resting", bool)():  # without resting(): never rests
                 step, output_tokens, windows = self._plain_round(rng)  # the root-only walk's own draw
                 self.drafter.commit([], output_tokens[0])
-                decision = RoundDecision(1, 1.0, self.cost_model.round_seconds(1))
+                decision = RoundDecision(1, 1.0, self.cost_model.standing_seconds(1))
             elif getattr(self.drafter, "deterministic", False):
                 step, output_tokens = self._token_tree_round(rng, len(prompt_ids) + len(generated))
                 decision = step.policy
