@@ -776,7 +776,20 @@ MUTANTS += [
           "out = out[rows, :, :, (offsets + 1) % width].reshape(total, heads * head_dim)"),),
         (BATCH_RUNNER_TESTS,),
     ),
+    Mutant(
+        "batch_values_from_the_key_columns",
+        "the stacked q|k|v product's values are read from the key columns (unrotated keys as values)",
+        ((BATCH_RUNNER, "qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]", "qk[:, :heads], qk[:, heads:], qkv[:, heads : heads + kv_heads]"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
+    Mutant(
+        "batch_gate_and_up_swapped",
+        "the stacked gate|up product's halves are taken the other way round (SiLU of the up projection)",
+        ((BATCH_RUNNER, "gate, up = gate_up_proj(x).chunk(2, dim=-1)", "up, gate = gate_up_proj(x).chunk(2, dim=-1)"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
 ]
+
 
 REST_TESTS = "tests/engine/test_rest_schedule.py"
 MUTANTS += [

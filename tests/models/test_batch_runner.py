@@ -121,3 +121,21 @@ def test_bad_use_is_a_clear_error():
         batch.take_result(1)
     with pytest.raises(ConfigError, match="transformers forward cannot batch"):
         BatchedLlamaRunner(TransformersRunner(model))
+
+
+def test_stacked_products_are_built_once_and_shared():
+    """The batched runner's stacked q|k|v and gate|up products are built at the first use, shared by
+    runners that share the base's packed weights (a batch per call must not rebuild them), and give
+    the separate products' outputs side by side."""
+    model = tiny_llama(2, vocab_size=6).to(torch.bfloat16)
+    first, second = NativeLlamaRunner(model), NativeLlamaRunner(model)
+    if not second.share_weights_from(first):
+        pytest.skip("no oneDNN weight packing here: runners do not share weights")
+    assert first._fused is None  # nothing stacked before a batched forward
+    stacked = BatchedLlamaRunner(second).base.fused_linears()
+    assert stacked is first.fused_linears() is second.fused_linears() and len(stacked) == 2
+    x = torch.linspace(-2, 2, 3 * 32).reshape(1, 3, 32).to(torch.bfloat16)
+    for (qkv, gate_up), linears in zip(stacked, first.linears):
+        separate = [torch.cat([linears[i](x) for i in group], dim=-1) for group in ((0, 1, 2), (4, 5))]
+        for together, apart in zip((qkv(x), gate_up(x)), separate):
+            assert torch.allclose(together.float(), apart.float(), atol=1e-2)

@@ -1,7 +1,8 @@
 """One forward over several sequences' draft trees: the batched native Llama runner (DESIGN.md §4).
 
 ``BatchedLlamaRunner`` runs the weights of a ``NativeLlamaRunner`` (the same modules, the same
-oneDNN-packed copies: nothing is copied again) over a KV cache with one *slot* per sequence:
+oneDNN-packed copies, plus the base's stacked q|k|v and gate|up products, ``fused_linears``: one
+call each instead of five, built once per base runner) over a KV cache with one *slot* per sequence:
 keys/values of shape (slots, kv_heads, capacity, head_dim) per layer, each slot with its own
 length. Each sequence talks to its slot through a ``SlotRunner``, which has the interface of a
 single-sequence runner (``reset`` / ``seq_length`` / ``forward`` / ``keep_entries``), so an
@@ -52,7 +53,7 @@ import torch.nn.functional as F
 
 from verispec.errors import ConfigError
 from verispec.models.kv_buffer import MIN_CAPACITY, KVBuffers
-from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate, mlp_residual
+from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate
 
 
 # Attention reads the slots' whole key buffers (no copy) while their capacity is at most this
@@ -299,14 +300,15 @@ class BatchedLlamaRunner:
         total, batch = len(rows), len(slots)
         capture = {i for r in requests if r.features is not None for i in r.features}
         captured: dict[int, torch.Tensor] = {}  # layer index -> (M, hidden) inputs of that layer, packed
+        fused = base.fused_linears()
         for index, (layer, linears, key_cache, value_cache) in enumerate(zip(base.layers, base.linears, self.kv.keys, self.kv.values)):
             if index in capture:
                 captured[index] = hidden[0]
-            q_proj, k_proj, v_proj, o_proj = linears[:4]
+            qkv_proj, gate_up_proj = fused[index]
             x = _rms_norm(hidden, layer.input_layernorm)
-            q = _rotate(q_proj(x).view(total, heads, head_dim), cos, sin)
-            k = _rotate(k_proj(x).view(total, kv_heads, head_dim), cos, sin)
-            v = v_proj(x).view(total, kv_heads, head_dim)
+            qkv = qkv_proj(x).view(total, heads + 2 * kv_heads, head_dim)
+            qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)  # q and k in one pass
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
             if single:
                 key_cache[slots[0], :, starts[0] : end] = k.transpose(0, 1)
                 value_cache[slots[0], :, starts[0] : end] = v.transpose(0, 1)
@@ -341,8 +343,10 @@ class BatchedLlamaRunner:
                     out = out.permute(0, 3, 1, 2, 4).reshape(total, heads * head_dim)
                 else:  # (M, kv_heads, group, head_dim): each packed input's own row
                     out = out[rows, :, :, offsets].reshape(total, heads * head_dim)
-            hidden = hidden + o_proj(out[None])
-            hidden = mlp_residual(hidden, layer, linears)
+            hidden = hidden + linears[3](out[None])  # o_proj
+            x = _rms_norm(hidden, layer.post_attention_layernorm)
+            gate, up = gate_up_proj(x).chunk(2, dim=-1)
+            hidden = hidden + linears[6](F.silu(gate) * up)  # down_proj
         kept, first = [], 0
         for n, request in zip(sizes, requests):
             kept += range(first + n - request.keep, first + n)
