@@ -745,6 +745,52 @@ MUTANTS += [
 ]
 
 
+BATCH_RUNNER = "models/batch_runner.py"
+BATCH_RUNNER_TESTS = "tests/models/test_batch_runner.py"
+MUTANTS += [
+    Mutant(
+        "batch_whole_keys_from_slot_zero",
+        "the attention over the slots' whole key buffers reads slots [0, B) whatever slots submitted (a forward of slots 1 and 2 sees slot 0's keys)",
+        ((BATCH_RUNNER, "keys, values = key_cache[slots[0] : slots[0] + batch], value_cache[slots[0] : slots[0] + batch]",
+          "keys, values = key_cache[:batch], value_cache[:batch]"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
+    Mutant(
+        "batch_mask_of_the_first_slot_length",
+        "every request's mask is placed at the first submitted slot's cache length (a slot sees another's key length)",
+        ((BATCH_RUNNER, "            n, start = len(request.input_ids), self.lengths[slot]\n",
+          "            n, start = len(request.input_ids), self.lengths[slots[0]]\n"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
+    Mutant(
+        "batch_queries_heads_swapped",
+        "same-size requests lay their queries out group-major instead of kv-head-major (query heads read the wrong kv head)",
+        ((BATCH_RUNNER, "q.view(batch, width, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)",
+          "q.view(batch, width, group, kv_heads, head_dim).permute(0, 3, 2, 1, 4)"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
+    Mutant(
+        "batch_padded_output_rows_shifted",
+        "requests of different sizes read their attention output one row off (the last input reads a padded row)",
+        ((BATCH_RUNNER, "out = out[rows, :, :, offsets].reshape(total, heads * head_dim)",
+          "out = out[rows, :, :, (offsets + 1) % width].reshape(total, heads * head_dim)"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
+    Mutant(
+        "batch_values_from_the_key_columns",
+        "the stacked q|k|v product's values are read from the key columns (unrotated keys as values)",
+        ((BATCH_RUNNER, "qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]", "qk[:, :heads], qk[:, heads:], qkv[:, heads : heads + kv_heads]"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
+    Mutant(
+        "batch_gate_and_up_swapped",
+        "the stacked gate|up product's halves are taken the other way round (SiLU of the up projection)",
+        ((BATCH_RUNNER, "gate, up = gate_up_proj(x).chunk(2, dim=-1)", "up, gate = gate_up_proj(x).chunk(2, dim=-1)"),),
+        (BATCH_RUNNER_TESTS,),
+    ),
+]
+
+
 REST_TESTS = "tests/engine/test_rest_schedule.py"
 MUTANTS += [
     Mutant(

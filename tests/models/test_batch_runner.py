@@ -14,6 +14,7 @@ import torch
 
 from tests.engine.tiny import tiny_llama
 from verispec.errors import ConfigError
+from verispec.models import batch_runner
 from verispec.models.batch_runner import BatchedLlamaRunner
 from verispec.models.hf import TransformersRunner, tree_attention_mask
 from verispec.models.native_llama import NativeLlamaRunner
@@ -33,8 +34,9 @@ def tree_request(cached: int, tokens, parents):
     return [cached + d for d in depths], allowed
 
 
-def run_both(dtype):
+def run_both(dtype, whole_buffers=True):
     """(largest |batched - solo| over every step's logits, number of compared rows)."""
+    batch_runner.WHOLE_BUFFER_SLACK = float("inf") if whole_buffers else 0.0
     model = tiny_llama(3, vocab_size=6).to(dtype)
     solo = [NativeLlamaRunner(model) for _ in PROMPTS]
     batch = BatchedLlamaRunner(solo[0], initial_slots=2)  # 3 sequences: the slots grow once
@@ -68,6 +70,14 @@ def run_both(dtype):
     for _ in range(2):
         step({s: ([s + 1], [lengths[s]], None, 1) for s in range(3)})
         lengths = [n + 1 for n in lengths]
+    step({0: ([3, 1, 4], *tree_request(lengths[0], [1, 4], [0, 0]), 3), 2: ([2], [lengths[2]], None, 1)})
+    solo[0].keep_entries(lengths[0] + 1, [lengths[0] + 2])
+    slots[0].keep_entries(lengths[0] + 1, [lengths[0] + 2])
+    lengths[0] += 2
+    lengths[2] += 1
+    step({1: ([4], [lengths[1]], None, 1), 2: ([0, 3], [lengths[2], lengths[2] + 1], None, 2)})  # slots 1 and 2
+    lengths[1] += 1
+    lengths[2] += 2
     # sequence 0 leaves: the last slot moves into its place; a new sequence joins
     batch.close(slots[0])
     assert slots[2].slot == 0 and batch.lengths == [lengths[2], lengths[1]]
@@ -77,14 +87,23 @@ def run_both(dtype):
     return max(errors), rows
 
 
-def test_batched_rows_equal_solo_rows_float64():
-    error, rows = run_both(torch.float64)
+@pytest.fixture
+def restore_slack():
+    slack = batch_runner.WHOLE_BUFFER_SLACK
+    yield
+    batch_runner.WHOLE_BUFFER_SLACK = slack
+
+
+@pytest.mark.parametrize("whole_buffers", [True, False])
+def test_batched_rows_equal_solo_rows_float64(whole_buffers, restore_slack):
+    error, rows = run_both(torch.float64, whole_buffers)
     assert rows > 20
     assert error < 1e-12
 
 
-def test_batched_rows_equal_solo_rows_fp32():
-    error, _ = run_both(torch.float32)
+@pytest.mark.parametrize("whole_buffers", [True, False])
+def test_batched_rows_equal_solo_rows_fp32(whole_buffers, restore_slack):
+    error, _ = run_both(torch.float32, whole_buffers)
     assert error < 1e-4
 
 
@@ -102,3 +121,21 @@ def test_bad_use_is_a_clear_error():
         batch.take_result(1)
     with pytest.raises(ConfigError, match="transformers forward cannot batch"):
         BatchedLlamaRunner(TransformersRunner(model))
+
+
+def test_stacked_products_are_built_once_and_shared():
+    """The batched runner's stacked q|k|v and gate|up products are built at the first use, shared by
+    runners that share the base's packed weights (a batch per call must not rebuild them), and give
+    the separate products' outputs side by side."""
+    model = tiny_llama(2, vocab_size=6).to(torch.bfloat16)
+    first, second = NativeLlamaRunner(model), NativeLlamaRunner(model)
+    if not second.share_weights_from(first):
+        pytest.skip("no oneDNN weight packing here: runners do not share weights")
+    assert first._fused is None  # nothing stacked before a batched forward
+    stacked = BatchedLlamaRunner(second).base.fused_linears()
+    assert stacked is first.fused_linears() is second.fused_linears() and len(stacked) == 2
+    x = torch.linspace(-2, 2, 3 * 32).reshape(1, 3, 32).to(torch.bfloat16)
+    for (qkv, gate_up), linears in zip(stacked, first.linears):
+        separate = [torch.cat([linears[i](x) for i in group], dim=-1) for group in ((0, 1, 2), (4, 5))]
+        for together, apart in zip((qkv(x), gate_up(x)), separate):
+            assert torch.allclose(together.float(), apart.float(), atol=1e-2)

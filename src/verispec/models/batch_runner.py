@@ -1,7 +1,8 @@
 """One forward over several sequences' draft trees: the batched native Llama runner (DESIGN.md §4).
 
 ``BatchedLlamaRunner`` runs the weights of a ``NativeLlamaRunner`` (the same modules, the same
-oneDNN-packed copies: nothing is copied again) over a KV cache with one *slot* per sequence:
+oneDNN-packed copies, plus the base's stacked q|k|v and gate|up products, ``fused_linears``: one
+call each instead of five, built once per base runner) over a KV cache with one *slot* per sequence:
 keys/values of shape (slots, kv_heads, capacity, head_dim) per layer, each slot with its own
 length. Each sequence talks to its slot through a ``SlotRunner``, which has the interface of a
 single-sequence runner (``reset`` / ``seq_length`` / ``forward`` / ``keep_entries``), so an
@@ -13,21 +14,26 @@ A forward is *submitted* per slot and run for all submitted slots at once by ``f
 * packed, not padded, through the linear layers: the inputs of all sequences form one
   (1, M, hidden) matrix (M = total new tokens), so a weight read serves every sequence and no
   padding token is multiplied;
-* padded for attention only: queries are scattered to (B, heads, N, head_dim) with N the largest
-  request, keys read from the slots up to E, the largest cache length after the forward, and a
-  (B, 1, N, E) boolean mask holds each sequence's own pattern (its tree mask, or causal) over its
-  own slot. A sequence never sees another's keys: they live in other slots. Padded query rows
-  attend to entry 0 only (their output is dropped) so no row is fully masked.
+* padded for attention only: queries are scattered to (B, kv_heads, group, N, head_dim) with N
+  the largest request; keys are read from the slots over S entries: the slots' whole buffers
+  (S = capacity, a view: no copy) while the capacity is at most ``WHOLE_BUFFER_SLACK`` times E,
+  the largest cache length after the forward, else their first E entries (copied); an additive
+  (B * kv_heads, group * N, S) bias, built once per forward, holds each sequence's own pattern
+  (its tree mask, or causal) over its own slot: 0 where seen, -inf elsewhere (the entries past a
+  slot's length, other slots' lengths, unused capacity: finite there, as the buffers start as
+  zeros and only ever receive computed keys). A sequence never sees another's keys:
+  they live in other slots. Padded query rows attend to entry 0 only (their output is dropped)
+  so no row is fully masked.
 * each sequence's new keys/values are written to its slot at its own positions [length,
   length + n) before the attention reads them, as in the single-sequence runner.
 
 Every row of a batched forward computes the same function as the sequence's solo forward; the
 products run over more rows, so in floating point they may round differently (batch variance:
 tests/models/test_batch_runner.py, tiny Llama: largest |logit difference| 2.4e-7 in fp32, 0 in
-float64). With several sequences the attention is two batched matrix products with a float32
-softmax (``_grouped_attention``) rather than the CPU ``scaled_dot_product_attention`` kernel,
-which was as slow as the rest of the layer on short masked queries; a batch of one uses the
-solo runner's kernel.
+float64). With several sequences the attention is two batched products with the mask added by
+the first (``_grouped_attention``) rather than the CPU ``scaled_dot_product_attention`` kernel,
+which was as slow as the rest of the layer on short masked queries; a batch of one uses the solo
+runner's kernel.
 
 Features (EAGLE-3 heads): a slot whose ``feature_layers`` is set also gets, from the same forward,
 the hidden states of its own inputs at those HF ``hidden_states`` indices (``last_features``, as
@@ -47,31 +53,33 @@ import torch.nn.functional as F
 
 from verispec.errors import ConfigError
 from verispec.models.kv_buffer import MIN_CAPACITY, KVBuffers
-from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate, mlp_residual
+from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate
 
 
-def _grouped_attention(queries, keys, values, hidden, scale: float) -> torch.Tensor:
-    """Masked attention of queries (B, N, heads, d) over keys/values (B, kv_heads, E, d) with
-    grouped-query heads (head h reads kv head h // (heads / kv_heads)) and ``hidden``
-    (B, 1, 1, N, E), True where a query must NOT see a key (``_hidden``, built once per forward):
-    (B, N, heads, d). Written out as two batched products because CPU
-    ``scaled_dot_product_attention`` with a mask over several short sequences spent ~1.6 ms per
-    layer here (B = 4 single-token queries over 200 keys, bf16), as long as the rest of the layer;
-    the softmax is taken in float32 (or float64 for a float64 model). The queries are scaled before
-    the product (exact for the power-of-two scale of 64-wide heads) and the mask is applied in the
-    model's dtype, so the softmax's dtype conversion is its own: ~15% less than scaling and masking
-    float32 scores (B = 4, 8 queries each, 300 keys, bf16)."""
-    batch, width, heads, dim = queries.shape
-    kv_heads = keys.shape[1]
-    group = heads // kv_heads
-    # (B, kv_heads, group * N, d): the queries of one kv head side by side
-    q = (queries * scale).permute(0, 2, 1, 3).reshape(batch, kv_heads, group * width, dim)
-    scores = (q @ keys.transpose(-1, -2)).view(batch, kv_heads, group, width, -1)
-    scores = scores.masked_fill(hidden, float("-inf"))
-    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
-    weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(values.dtype).view(batch, kv_heads, group * width, -1)
-    out = (weights @ values).view(batch, kv_heads, group, width, dim).reshape(batch, heads, width, dim)
-    return out.transpose(1, 2)
+# Attention reads the slots' whole key buffers (no copy) while their capacity is at most this
+# multiple of the longest cache; past it, it copies the [0, E) prefix (``_attention_keys``).
+WHOLE_BUFFER_SLACK = 1.5
+
+
+def _grouped_attention(queries, keys, values, bias) -> torch.Tensor:
+    """Masked attention with grouped-query heads (query head h reads kv head h // group), padded
+    over B slots: queries (B * kv_heads, group * N, head_dim), already scaled, the N queries of the
+    ``group`` heads of one kv head one after another; keys/values (B, kv_heads, S, head_dim)
+    CONTIGUOUS; ``bias`` (B * kv_heads, group * N, S) in the model's dtype, 0 where a query may see
+    a key and -inf where not (``_key_bias``, built once per forward). Returns
+    (B * kv_heads, group * N, head_dim).
+
+    Two batched products rather than the CPU ``scaled_dot_product_attention`` kernel, which took
+    longer per layer than the rest of the layer on short masked queries over several sequences.
+    The operands must be contiguous: bf16 products on a CPU (oneDNN) copy a strided operand first
+    and, for the transposed keys, that copy took as long as the product. The mask is added by the
+    first product (``baddbmm``) and the softmax runs in the model's dtype (the CPU kernel
+    accumulates in float32 and rounds once, as a float32 softmax cast back would): B = 4, 5 queries
+    each, 256 keys, bf16: 98 us per layer against 123 us for a bool mask filled in and a float32
+    softmax, same result."""
+    batch, kv_heads, span, _ = keys.shape
+    scores = torch.baddbmm(bias, queries, keys.view(batch * kv_heads, span, -1).transpose(1, 2))  # (B * kvh, G * N, S)
+    return torch.bmm(torch.softmax(scores, dim=-1), values.view(batch * kv_heads, span, -1))
 
 
 @dataclass
@@ -244,6 +252,13 @@ class BatchedLlamaRunner:
             mask[row, 0, n:, 0] = True
         return mask.to(self.base.param.device)
 
+    def _key_bias(self, mask: torch.Tensor, kv_heads: int, group: int) -> torch.Tensor:
+        """The grouped attention's form of ``mask`` (B, 1, N, S) bool (True = may see): an additive
+        (B * kv_heads, group * N, S) bias in the model's dtype, 0 or -inf, the same for every head."""
+        batch, _, width, span = mask.shape
+        bias = torch.zeros(mask.shape, dtype=self.base.param.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        return bias[:, :, None].expand(batch, kv_heads, group, width, span).reshape(batch * kv_heads, group * width, span)
+
     @torch.no_grad()
     def flush(self) -> None:
         """Run every queued forward in one pass over the model; results wait in ``take_result``."""
@@ -265,56 +280,73 @@ class BatchedLlamaRunner:
         entry_of = torch.tensor([start + i for start, n in zip(starts, sizes) for i in range(n)], device=device)
         uniform = min(sizes) == width  # every request has the same size: (B, N) is a plain view of the packed rows
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        slot_index = None if contiguous else torch.tensor(slots, device=device)
         single = len(slots) == 1  # a batch of one: slice writes, and no mask where the solo runner needs none
+        # keys the padded attention reads per slot: the whole buffers (a contiguous view) or the
+        # first ``end`` entries, copied (contiguous operands: ``_grouped_attention``)
+        whole = contiguous and self.kv.capacity <= WHOLE_BUFFER_SLACK * end
+        span = self.kv.capacity if whole else end
         if single and requests[0].allowed is None and width == 1:
             mask = None  # one query that sees the whole cache
         else:
-            mask = self._mask(slots, requests, width, end)
-        hidden_keys = None if single or mask is None else ~mask[:, :, None]  # the grouped attention's form, once
+            mask = self._mask(slots, requests, width, end if single else span)
+        heads, kv_heads, head_dim = base.num_heads, base.num_kv_heads, base.head_dim
+        group = heads // kv_heads
+        bias = None if single else self._key_bias(mask, kv_heads, group)
         body = base.model.model
         hidden = body.embed_tokens(torch.tensor([[t for r in requests for t in r.input_ids]], device=device))
         cos, sin = body.rotary_emb(hidden, torch.tensor([[p for r in requests for p in r.positions]], device=device))
         cos, sin = cos[0][:, None], sin[0][:, None]  # (M, 1, head_dim)
         total, batch = len(rows), len(slots)
-        heads, kv_heads, head_dim = base.num_heads, base.num_kv_heads, base.head_dim
         capture = {i for r in requests if r.features is not None for i in r.features}
         captured: dict[int, torch.Tensor] = {}  # layer index -> (M, hidden) inputs of that layer, packed
+        fused = base.fused_linears()
         for index, (layer, linears, key_cache, value_cache) in enumerate(zip(base.layers, base.linears, self.kv.keys, self.kv.values)):
             if index in capture:
                 captured[index] = hidden[0]
-            q_proj, k_proj, v_proj, o_proj = linears[:4]
+            qkv_proj, gate_up_proj = fused[index]
             x = _rms_norm(hidden, layer.input_layernorm)
-            q = _rotate(q_proj(x).view(total, heads, head_dim), cos, sin)
-            k = _rotate(k_proj(x).view(total, kv_heads, head_dim), cos, sin)
-            v = v_proj(x).view(total, kv_heads, head_dim)
+            qkv = qkv_proj(x).view(total, heads + 2 * kv_heads, head_dim)
+            qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)  # q and k in one pass
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
             if single:
                 key_cache[slots[0], :, starts[0] : end] = k.transpose(0, 1)
                 value_cache[slots[0], :, starts[0] : end] = v.transpose(0, 1)
             else:
                 key_cache[slot_of, :, entry_of] = k
                 value_cache[slot_of, :, entry_of] = v
-            if contiguous:
-                keys = key_cache[slots[0] : slots[0] + batch, :, :end]
-                values = value_cache[slots[0] : slots[0] + batch, :, :end]
-            else:
-                index = torch.tensor(slots, device=device)
-                keys = key_cache[:, :, :end].index_select(0, index)
-                values = value_cache[:, :, :end].index_select(0, index)
-            if uniform:
-                queries = q.view(batch, width, heads, head_dim)
-            else:
-                queries = q.new_zeros(batch, width, heads, head_dim)
-                queries[rows, offsets] = q
             if single:  # the solo runner's kernel
                 out = F.scaled_dot_product_attention(
-                    queries.transpose(1, 2), keys, values, attn_mask=mask, scale=base.scaling,
+                    q.view(1, width, heads, head_dim).transpose(1, 2), key_cache[slots[0] : slots[0] + 1, :, :end],
+                    value_cache[slots[0] : slots[0] + 1, :, :end], attn_mask=mask, scale=base.scaling,
                     enable_gqa=heads != kv_heads,
-                ).transpose(1, 2)
+                ).transpose(1, 2).reshape(total, heads * head_dim)
             else:
-                out = _grouped_attention(queries, keys, values, hidden_keys, base.scaling)
-            out = out.reshape(total, heads * head_dim) if uniform else out[rows, offsets].reshape(total, heads * head_dim)
-            hidden = hidden + o_proj(out[None])
-            hidden = mlp_residual(hidden, layer, linears)
+                if whole:
+                    keys, values = key_cache[slots[0] : slots[0] + batch], value_cache[slots[0] : slots[0] + batch]
+                elif slot_index is None:
+                    keys = key_cache[slots[0] : slots[0] + batch, :, :end].contiguous()
+                    values = value_cache[slots[0] : slots[0] + batch, :, :end].contiguous()
+                else:
+                    keys = key_cache[:, :, :end].index_select(0, slot_index)
+                    values = value_cache[:, :, :end].index_select(0, slot_index)
+                # (B, kv_heads, group, N, head_dim), scaled: each kv head's queries in a row, padded rows zero
+                if uniform:
+                    queries = q.new_empty(batch, kv_heads, group, width, head_dim)
+                    torch.mul(q.view(batch, width, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4), base.scaling, out=queries)
+                else:
+                    queries = q.new_zeros(batch, kv_heads, group, width, head_dim)
+                    queries[rows, :, :, offsets] = (q * base.scaling).view(total, kv_heads, group, head_dim)
+                out = _grouped_attention(queries.view(batch * kv_heads, group * width, head_dim), keys, values, bias)
+                out = out.view(batch, kv_heads, group, width, head_dim)
+                if uniform:
+                    out = out.permute(0, 3, 1, 2, 4).reshape(total, heads * head_dim)
+                else:  # (M, kv_heads, group, head_dim): each packed input's own row
+                    out = out[rows, :, :, offsets].reshape(total, heads * head_dim)
+            hidden = hidden + linears[3](out[None])  # o_proj
+            x = _rms_norm(hidden, layer.post_attention_layernorm)
+            gate, up = gate_up_proj(x).chunk(2, dim=-1)
+            hidden = hidden + linears[6](F.silu(gate) * up)  # down_proj
         kept, first = [], 0
         for n, request in zip(sizes, requests):
             kept += range(first + n - request.keep, first + n)
