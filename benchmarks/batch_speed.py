@@ -86,13 +86,54 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_group_arguments(parser: argparse.ArgumentParser) -> None:
+    """Batch sizes, prompts and repeats: the settings the batch benchmarks share, with one set of defaults."""
     parser.add_argument("--batch-sizes", default="1,2,4")
     parser.add_argument("--prompts", default="0-3", help="HumanEval task ids, e.g. 0-3")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+
+
+def encoded_humaneval(tokenizer, id_range: str) -> list[list[int]]:
+    """The HumanEval prompts with the task ids of ``id_range`` (e.g. "0-3"), encoded for the target."""
+    from verispec.bench.datasets import humaneval_prompts
+    from verispec.models.default import encode_prompt
+
+    ids = parse_range(id_range)
+    tasks = humaneval_prompts(limit=max(ids) + 1)
+    return [encode_prompt(tokenizer, tasks[i].text) for i in ids]
+
+
+def plain_and_warm_default(target, common: dict, prompts):
+    """Plain decoding (method "ar"), its outputs (the references every configuration is checked
+    against), and a default decoder that measured its token trees' cost curve once on the first
+    prompt, as generate does, so no timed configuration pays for that."""
+    from verispec.engine.decoder import SpeculativeDecoder
+
+    plain = SpeculativeDecoder(target, method="ar", **common)
+    reference = [plain.generate(p).token_ids for p in prompts]
+    first = SpeculativeDecoder(target, **common)
+    first.generate(prompts[0])
+    return plain, reference, first
+
+
+def copy_default_decoder(first, target, common: dict):
+    """A default decoder in the state ``first`` had after its first prompt: the token trees learn
+    from every prompt (adjacency table, acceptance estimates), so each (configuration, B) keeps its
+    own copy, all starting alike and seeing the same prompts in the same order; one cost curve."""
+    from verispec.engine.decoder import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, **common)
+    decoder.drafter.cost = first.drafter.cost
+    decoder.drafter.adjacency = copy.deepcopy(first.drafter.adjacency)
+    decoder.drafter.estimates = copy.deepcopy(first.drafter.estimates)
+    return decoder
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_group_arguments(parser)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--drafter-choice", action="store_true",
                         help="also run the default draft with every sequence sizing its own tree by its own cost model "
@@ -106,21 +147,14 @@ def main(argv=None) -> int:
                              "evenly between the sequences (engine.batch.EvenSplit); 0: not run")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from verispec.bench.datasets import humaneval_prompts
     from verispec.engine.batch import EvenSplit, drafter_choice
-    from verispec.engine.decoder import SpeculativeDecoder
-    from verispec.models.default import encode_prompt, load_default_target
+    from verispec.models.default import load_default_target
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    ids = parse_range(args.prompts)
     model, tokenizer = load_default_target(resolve_dtype(args.dtype))
-    tasks = humaneval_prompts(limit=max(ids) + 1)
-    prompts = [encode_prompt(tokenizer, tasks[i].text) for i in ids]
+    prompts = encoded_humaneval(tokenizer, args.prompts)
     common = dict(tokenizer=tokenizer, temperature=0, max_new_tokens=args.tokens, eos_token_id=[])
-    plain = SpeculativeDecoder(model, method="ar", **common)
-    reference = [plain.generate(p).token_ids for p in prompts]
-    first = SpeculativeDecoder(model, **common)
-    first.generate(prompts[0])  # measures the token trees' cost curve once, as generate does
+    plain, reference, first = plain_and_warm_default(model, common, prompts)
     budgets = {"plain": None, "default": None, "generate": None}
     if args.drafter_choice:
         budgets["own"] = drafter_choice
@@ -129,15 +163,10 @@ def main(argv=None) -> int:
     if args.join:
         budgets["plain-join"] = budgets["default-join"] = None
 
-    def fresh_default() -> SpeculativeDecoder:
-        """A default decoder in the state ``first`` had after its first prompt: the token trees learn
-        from every prompt (adjacency table, acceptance estimates), so each (configuration, B) keeps
-        its own, all starting alike and seeing the same prompts in the same order; one cost curve."""
-        decoder = SpeculativeDecoder(model, **common)
+    def fresh_default():
+        """``copy_default_decoder`` sharing ``first``'s weights (one copy of the model in memory)."""
+        decoder = copy_default_decoder(first, model, common)
         decoder.target.runner.share_weights_from(first.target.runner)
-        decoder.drafter.cost = first.drafter.cost
-        decoder.drafter.adjacency = copy.deepcopy(first.drafter.adjacency)
-        decoder.drafter.estimates = copy.deepcopy(first.drafter.estimates)
         return decoder
 
     decoders = {(size, name): plain if name.startswith("plain") else fresh_default() for size in sizes for name in budgets

@@ -62,7 +62,24 @@ def load_prompts(args):
     return prompts
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The prompt choice (what ``load_prompts`` reads) and the decoding settings every prompt-set
+    benchmark here shares, with one set of defaults so their runs compare."""
+    parser.add_argument("--dataset", default="humaneval", choices=["humaneval", "specbench"])
+    parser.add_argument("--spec-bench", default=SPEC_BENCH)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--per-category", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
+    parser.add_argument("--threads", type=int, default=1)
+
+
 def run_lookup(model, ids, args, eos):
+    """transformers' prompt lookup (generate(prompt_lookup_num_tokens=4)) on one prompt: new tokens,
+    seconds, and target forwards after the prefill (counted by a forward hook held for this call only)."""
     calls = []
     hook = model.register_forward_hook(lambda *_: calls.append(1))
     input_ids = torch.tensor([ids])
@@ -80,16 +97,7 @@ def run_lookup(model, ids, args, eos):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="humaneval", choices=["humaneval", "specbench"])
-    parser.add_argument("--spec-bench", default=SPEC_BENCH)
-    parser.add_argument("--start", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=40)
-    parser.add_argument("--per-category", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
-    parser.add_argument("--threads", type=int, default=1)
+    add_run_arguments(parser)
     parser.add_argument("--config", action="append", default=None, help="NAME=DRAFT:METHOD[:K[:L]] (repeatable)")
     parser.add_argument("--lookup", action="store_true", help="add transformers' prompt lookup")
     parser.add_argument("--json", default=None)

@@ -19,49 +19,31 @@ all sizes (creating one costs ~1 s). Greedy outputs are checked against plain ``
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
-from batch_speed import cpu_name, parse_range  # the torch batch benchmark's helpers (same folder)
+from batch_speed import (  # the torch batch benchmark's helpers (same folder)
+    add_group_arguments, copy_default_decoder, cpu_name, encoded_humaneval, parse_range, plain_and_warm_default,
+)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-sizes", default="1,2,4")
-    parser.add_argument("--prompts", default="0-3", help="HumanEval task ids, e.g. 0-3")
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    add_group_arguments(parser)
     parser.add_argument("--target", default="default", help="llama.cpp target: default, gemma3-270m or a .gguf path")
     args = parser.parse_args(argv)
-    from verispec.bench.datasets import humaneval_prompts
-    from verispec.engine.decoder import SpeculativeDecoder
-    from verispec.models.default import encode_prompt
     from verispec.models.llamacpp import load_gguf_tokenizer, load_llamacpp_adapter
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    ids = parse_range(args.prompts)
+    ids = parse_range(args.prompts)  # the task ids, to name a prompt whose output differs
     tokenizer = load_gguf_tokenizer(args.target)
     target = load_llamacpp_adapter(args.target, n_threads=args.threads)
-    tasks = humaneval_prompts(limit=max(ids) + 1)
-    prompts = [encode_prompt(tokenizer, tasks[i].text) for i in ids]
+    prompts = encoded_humaneval(tokenizer, args.prompts)
     common = dict(tokenizer=tokenizer, temperature=0, max_new_tokens=args.tokens, eos_token_id=[])
-    plain = SpeculativeDecoder(target, method="ar", **common)
-    reference = [plain.generate(p).token_ids for p in prompts]
-    first = SpeculativeDecoder(target, **common)
-    first.generate(prompts[0])  # the token trees' cost curve, measured once
-
-    def fresh_default() -> SpeculativeDecoder:
-        """A default decoder in ``first``'s state: every (config, B) learns from the same prompts alike."""
-        decoder = SpeculativeDecoder(target, **common)
-        decoder.drafter.cost = first.drafter.cost
-        decoder.drafter.adjacency = copy.deepcopy(first.drafter.adjacency)
-        decoder.drafter.estimates = copy.deepcopy(first.drafter.estimates)
-        return decoder
+    plain, reference, first = plain_and_warm_default(target, common, prompts)
 
     configs = [(b, name) for b in sizes for name in ("plain", "default")] + [(1, "plain-alone"), (1, "default-alone")]
-    decoders = {key: plain if key[1].startswith("plain") else fresh_default() for key in configs}
+    decoders = {key: plain if key[1].startswith("plain") else copy_default_decoder(first, target, common) for key in configs}
     widest = max(sizes)
     if widest > 1:  # the shared batch context is created once, outside the timings
         plain.generate_batch(prompts[:2], max_batch=widest, max_new_tokens=1)

@@ -29,54 +29,20 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections import defaultdict
 
 import torch
 
-SPEC_BENCH = "/work/shared/data/spec_bench/question.jsonl"
 CONFIGS = ("plain", "tree", "lookup")
 
 
-from draft_compare import load_prompts  # noqa: E402  (one definition of the held-out prompt choice)
-
-
-class ForwardCounter:
-    def __init__(self, model):
-        self.calls = 0
-        model.register_forward_hook(lambda *_: self._count())
-
-    def _count(self):
-        self.calls += 1
-
-
-def run_lookup(model, counter, ids, args, eos):
-    input_ids = torch.tensor([ids])
-    kwargs = dict(do_sample=args.temperature > 0, max_new_tokens=args.max_new_tokens, prompt_lookup_num_tokens=4,
-                  eos_token_id=eos, pad_token_id=eos)
-    if args.temperature > 0:
-        kwargs.update(temperature=args.temperature, top_k=0, top_p=1.0)
-    counter.calls = 0
-    tic = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-    seconds = time.perf_counter() - tic
-    new = int(out.shape[1] - len(ids))
-    return {"tokens": new, "seconds": seconds, "forwards": max(counter.calls - 1, 1)}
+from draft_compare import add_run_arguments, load_prompts, run_lookup  # noqa: E402  (one definition of the held-out
+# prompt choice, the shared settings and the prompt-lookup run)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="humaneval", choices=["humaneval", "specbench"])
-    parser.add_argument("--spec-bench", default=SPEC_BENCH)
-    parser.add_argument("--start", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=40)
-    parser.add_argument("--per-category", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
-    parser.add_argument("--threads", type=int, default=1)
+    add_run_arguments(parser)
     parser.add_argument("--no-lookup", action="store_true", help="leave transformers' prompt lookup out")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -89,7 +55,6 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     dtype_name = fast_dtype_name() if args.dtype == "auto" else args.dtype
     model, tokenizer = load_default_target(resolve_dtype(dtype_name))
-    counter = ForwardCounter(model)
     target = HFModelAdapter(model)
     eos = tokenizer.eos_token_id
     common = dict(tokenizer=tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0)
@@ -100,7 +65,7 @@ def main(argv=None) -> int:
     plain.generate(warm)
     configs = [c for c in CONFIGS if not (args.no_lookup and c == "lookup")]
     if "lookup" in configs:
-        run_lookup(model, counter, warm, args, eos)
+        run_lookup(model, warm, args, eos)
 
     prompts = load_prompts(args)
     records = []
@@ -116,7 +81,7 @@ def main(argv=None) -> int:
             row = {"prompt": prompt_id, "category": category, "repeat": repeat}
             for config in configs[shift:] + configs[:shift]:
                 if config == "lookup":
-                    row[config] = run_lookup(model, counter, ids, args, eos)
+                    row[config] = run_lookup(model, ids, args, eos)
                     continue
                 decoder = plain if config == "plain" else tree
                 decoder.seed = 1000 * repeat + index

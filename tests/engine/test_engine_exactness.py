@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tests.engine.tiny import exact_first_tokens_law, tiny_llama
-from verispec.engine.decoder import SpeculativeDecoder
+from tests.engine.tiny import exact_first_tokens_law, sample_first_tokens, tiny_llama
 
 PROMPT = [1, 2, 3]
 NUM_TOKENS = 2
@@ -38,16 +37,6 @@ def chi_square_pvalue(counts: dict, law: dict, samples: int) -> float:
     return float(stats.chi2.sf(statistic, len(expected) - 1))
 
 
-def sample_first_tokens(target, draft, samples: int, **decoder_args) -> dict:
-    decoder = SpeculativeDecoder(target, draft, max_new_tokens=NUM_TOKENS, eos_token_id=[], **decoder_args)
-    counts: dict = {}
-    for seed in range(samples):
-        decoder.seed = seed
-        key = tuple(decoder.generate(PROMPT).token_ids[:NUM_TOKENS])
-        counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
 CASES = {
     "sd": dict(method="sd", num_drafts=1, draft_len=2),
     "bv": dict(method="bv", num_drafts=1, draft_len=3),
@@ -66,12 +55,12 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_lossless_rules_sample_the_target_law(pair, case):
     target, draft, law = pair
-    counts = sample_first_tokens(target, draft, SAMPLES, **CASES[case])
+    counts = sample_first_tokens(target, draft, PROMPT, NUM_TOKENS, SAMPLES, **CASES[case])
     assert chi_square_pvalue(counts, law, SAMPLES) > FALSE_ALARM
 
 
 @pytest.mark.slow
 def test_published_spectr_gbv_is_detectably_off(pair):
     target, draft, law = pair
-    counts = sample_first_tokens(target, draft, SAMPLES, method="spectr-gbv", num_drafts=2, draft_len=2)
+    counts = sample_first_tokens(target, draft, PROMPT, NUM_TOKENS, SAMPLES, method="spectr-gbv", num_drafts=2, draft_len=2)
     assert chi_square_pvalue(counts, law, SAMPLES) < FALSE_ALARM

@@ -13,7 +13,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from tests.engine.test_engine_exactness import FALSE_ALARM, chi_square_pvalue
-from tests.engine.tiny import exact_first_tokens_law
+from tests.engine.tiny import exact_first_tokens_law, greedy_draft_shape, plain_greedy_outputs, sample_first_tokens
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.models.default import encode_prompt, load_model
 from verispec.models.gemma import gemma_available
@@ -35,20 +35,7 @@ def gemma_target():
     torch.manual_seed(0)
     model, tokenizer = load_model("gemma3-270m", torch.float32)
     prompts = [encode_prompt(tokenizer, text, chat=False) for text in PROMPTS]
-    plain = SpeculativeDecoder(model, None, method="ar", temperature=0, max_new_tokens=NEW_TOKENS, eos_token_id=[])
-    references = [plain.generate(ids).token_ids for ids in prompts]
-    return model, prompts, references
-
-
-def _shape(name):
-    spec = METHODS[name]
-    if spec.tree_scheme is not None and spec.tree_scheme.value == "deterministic":  # qfree on a sampled draft: a tree shape
-        return dict(tree=[2, 2, 1])
-    if spec.draft == "chain":
-        return dict(num_drafts=1, draft_len=4)
-    if spec.draft == "tree":
-        return dict(num_drafts=2, draft_len=3)
-    return dict(num_drafts=3, draft_len=3)
+    return model, prompts, plain_greedy_outputs(model, prompts, NEW_TOKENS)
 
 
 @pytest.mark.slow
@@ -58,7 +45,7 @@ def test_lossless_rules_reproduce_greedy_gemma_output(gemma_target, method):
     # A sampled n-gram draft (temperature 1), so that multi-draft rules draw distinct drafts.
     decoder = SpeculativeDecoder(
         model, "ngram", method=method, temperature=0, draft_temperature=1.0,
-        max_new_tokens=NEW_TOKENS, eos_token_id=[], seed=3, **_shape(method),
+        max_new_tokens=NEW_TOKENS, eos_token_id=[], seed=3, **greedy_draft_shape(method),
     )
     for ids, reference in zip(prompts, references):
         assert decoder.generate(ids).token_ids == reference
@@ -94,16 +81,6 @@ def gemma_pair():
     return target, draft, exact_first_tokens_law(target, PROMPT, NUM_TOKENS)
 
 
-def sample_first_tokens(target, draft, samples: int, **decoder_args) -> dict:
-    decoder = SpeculativeDecoder(target, draft, max_new_tokens=NUM_TOKENS, **decoder_args)
-    counts: dict = {}
-    for seed in range(samples):
-        decoder.seed = seed
-        key = tuple(decoder.generate(PROMPT).token_ids[:NUM_TOKENS])
-        counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
 CASES = {
     "sd": dict(method="sd", num_drafts=1, draft_len=2),
     "spectr": dict(method="spectr", num_drafts=2, draft_len=2),
@@ -115,12 +92,12 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_lossless_rules_sample_the_tiny_gemma_law(gemma_pair, case):
     target, draft, law = gemma_pair
-    counts = sample_first_tokens(target, draft, SAMPLES, **CASES[case])
+    counts = sample_first_tokens(target, draft, PROMPT, NUM_TOKENS, SAMPLES, **CASES[case])
     assert chi_square_pvalue(counts, law, SAMPLES) > FALSE_ALARM
 
 
 @pytest.mark.slow
 def test_published_spectr_gbv_is_detectably_off_on_tiny_gemma(gemma_pair):
     target, draft, law = gemma_pair
-    counts = sample_first_tokens(target, draft, SAMPLES, method="spectr-gbv", num_drafts=2, draft_len=2)
+    counts = sample_first_tokens(target, draft, PROMPT, NUM_TOKENS, SAMPLES, method="spectr-gbv", num_drafts=2, draft_len=2)
     assert chi_square_pvalue(counts, law, SAMPLES) < FALSE_ALARM

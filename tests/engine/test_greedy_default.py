@@ -5,6 +5,7 @@ is used greedily and with its own temperature 1 (so multi-draft rules draw disti
 import pytest
 import torch
 
+from tests.engine.tiny import greedy_draft_shape, plain_greedy_outputs
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.models.default import encode_prompt, load_default_target
 from verispec.verify.registry import METHODS
@@ -23,20 +24,7 @@ def default_target():
     torch.manual_seed(0)
     model, tokenizer = load_default_target(torch.float32)
     prompts = [encode_prompt(tokenizer, text) for text in PROMPTS]
-    plain = SpeculativeDecoder(model, None, method="ar", temperature=0, max_new_tokens=NEW_TOKENS, eos_token_id=[])
-    references = [plain.generate(ids).token_ids for ids in prompts]
-    return model, prompts, references
-
-
-def _shape(name):
-    spec = METHODS[name]
-    if spec.tree_scheme is not None and spec.tree_scheme.value == "deterministic":  # qfree: top-q token tree
-        return dict(tree=[2, 2, 1])
-    if spec.draft == "chain":
-        return dict(num_drafts=1, draft_len=4)
-    if spec.draft == "tree":
-        return dict(num_drafts=2, draft_len=3)
-    return dict(num_drafts=3, draft_len=3)
+    return model, prompts, plain_greedy_outputs(model, prompts, NEW_TOKENS)
 
 
 @pytest.mark.slow
@@ -46,7 +34,7 @@ def test_lossless_rules_reproduce_greedy_target_output(default_target, method, d
     model, prompts, references = default_target
     decoder = SpeculativeDecoder(
         model, "ngram", method=method, temperature=0, draft_temperature=draft_temperature,
-        max_new_tokens=NEW_TOKENS, eos_token_id=[], seed=3, **_shape(method),
+        max_new_tokens=NEW_TOKENS, eos_token_id=[], seed=3, **greedy_draft_shape(method),
     )
     for ids, reference in zip(prompts, references):
         assert decoder.generate(ids).token_ids == reference

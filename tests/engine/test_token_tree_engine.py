@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.engine.test_engine_exactness import FALSE_ALARM, chi_square_pvalue
-from tests.engine.tiny import exact_first_tokens_law, tiny_llama
+from tests.engine.tiny import exact_first_tokens_law, first_tokens_counts, tiny_llama
 from verispec.draft.tree_policy import CostCurve
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import NGramDrafter, TokenTreeDrafter
@@ -62,11 +62,7 @@ def test_token_trees_detect_a_biased_sampler(target):
     law = exact_first_tokens_law(target, PROMPT, NUM_TOKENS, temperature=TEMPERATURE)
     decoder = SpeculativeDecoder(target, "tree", temperature=2.0, max_new_tokens=NUM_TOKENS, eos_token_id=[])
     decoder.drafter.cost = FREE_TREES
-    counts: dict = {}
-    for seed in range(SAMPLES):
-        decoder.seed = seed
-        key = tuple(decoder.generate(PROMPT).token_ids[:NUM_TOKENS])
-        counts[key] = counts.get(key, 0) + 1
+    counts = first_tokens_counts(decoder, PROMPT, NUM_TOKENS, SAMPLES)
     assert chi_square_pvalue(counts, law, SAMPLES) < FALSE_ALARM
 
 

@@ -1,12 +1,16 @@
 """Tiny random Llama pairs (no download) for engine tests: fp32, small vocabulary, with the output
-layer scaled so that the distributions are peaked and target and draft clearly differ."""
+layer scaled so that the distributions are peaked and target and draft clearly differ; and what the
+engine's law and greedy tests share: exact laws of the first tokens, sampled counts to hold them
+to, greedy references and the draft shape each rule is tried with."""
 
 import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec.core.rows import LogitRows
+from verispec.engine.decoder import SpeculativeDecoder
 from verispec.models.hf import HFModelAdapter
+from verispec.verify.registry import METHODS
 
 
 def tiny_llama(seed: int, vocab_size: int = 6, layers: int = 2, logit_scale: float = 4.0, max_positions: int = 128):
@@ -39,6 +43,40 @@ def exact_first_tokens_law(model, prompt, num_tokens: int, temperature: float = 
                 nxt[seq + (token,)] = prob * token_prob
         law = nxt
     return law
+
+
+def first_tokens_counts(decoder, prompt, num_tokens: int, samples: int) -> dict:
+    """How often each tuple of the first ``num_tokens`` generated tokens occurs over seeds 0 .. samples - 1."""
+    counts: dict = {}
+    for seed in range(samples):
+        decoder.seed = seed
+        key = tuple(decoder.generate(prompt).token_ids[:num_tokens])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def sample_first_tokens(target, draft, prompt, num_tokens: int, samples: int, **decoder_args) -> dict:
+    """``first_tokens_counts`` of a decoder of target and draft (no EOS: every sample has ``num_tokens``)."""
+    decoder = SpeculativeDecoder(target, draft, max_new_tokens=num_tokens, eos_token_id=[], **decoder_args)
+    return first_tokens_counts(decoder, prompt, num_tokens, samples)
+
+
+def plain_greedy_outputs(model, prompts, new_tokens: int) -> list[list[int]]:
+    """The target's own greedy tokens for each prompt (method "ar"): what every lossless rule must return."""
+    plain = SpeculativeDecoder(model, None, method="ar", temperature=0, max_new_tokens=new_tokens, eos_token_id=[])
+    return [plain.generate(ids).token_ids for ids in prompts]
+
+
+def greedy_draft_shape(method: str) -> dict:
+    """Decoder shape arguments that give ``method`` the kind of draft it verifies, with room to branch."""
+    spec = METHODS[method]
+    if spec.tree_scheme is not None and spec.tree_scheme.value == "deterministic":  # q-free: a token tree
+        return dict(tree=[2, 2, 1])
+    if spec.draft == "chain":
+        return dict(num_drafts=1, draft_len=4)
+    if spec.draft == "tree":
+        return dict(num_drafts=2, draft_len=3)
+    return dict(num_drafts=3, draft_len=3)
 
 
 class ForwardMemo:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from tests.models.recompute import full_logits
 from verispec.errors import ConfigError
 from verispec.models.default import encode_prompt, load_default_target, load_model
 from verispec.models.hf import HFModelAdapter
@@ -17,11 +18,6 @@ from verispec.models.hf import HFModelAdapter
 @pytest.fixture(scope="module")
 def default_target():
     return load_default_target(dtype=torch.float32, device="cpu")
-
-
-@torch.inference_mode()
-def full_logits(model, ids: list[int]) -> torch.Tensor:
-    return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
 
 
 def test_default_target_shape_and_tokenizer(default_target):

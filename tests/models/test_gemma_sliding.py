@@ -14,13 +14,13 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
+from tests.models.recompute import ATOL, Round, full_logits, root_path
 from verispec.errors import ConfigError
 from verispec.models.hf import HFModelAdapter
 
 VOCAB = 48
 CONTEXT = 96
 WINDOW = 4
-ATOL = 1e-5
 MIXED = ["sliding_attention", "full_attention", "sliding_attention"]
 
 
@@ -50,44 +50,6 @@ def tiny_gemma3(layer_types=MIXED, window: int = WINDOW, attn_implementation: st
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def model(request):
     return tiny_gemma3(attn_implementation=request.param)
-
-
-@torch.inference_mode()
-def full_logits(model, ids: list[int]) -> torch.Tensor:
-    """Next-token logits after ids from a plain forward without cache, shape (V,)."""
-    return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
-
-
-def root_path(parents: list[int], node: int) -> list[int]:
-    path = []
-    while node > 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
-
-
-class Round:
-    """Mirror of one round's tree (root = node 0), checking every row against a recompute."""
-
-    def __init__(self, adapter: HFModelAdapter):
-        self.adapter = adapter
-        self.context = adapter.tokens()
-        self.tokens: list[int] = []
-        self.parents: list[int] = []
-
-    def extend(self, tokens: list[int], parents: list[int]) -> None:
-        logits = self.adapter.extend(tokens, parents)
-        first = len(self.tokens)
-        self.tokens += tokens
-        self.parents += parents
-        for i in range(len(tokens)):
-            path_tokens = [self.tokens[n] for n in root_path(self.parents, first + i)]
-            expected = full_logits(self.adapter.model, self.context + path_tokens)
-            torch.testing.assert_close(logits[i], expected, atol=ATOL, rtol=0)
-
-    def commit(self, path: list[int], next_token: int) -> None:
-        self.adapter.commit(path, next_token)
-        assert self.adapter.tokens() == self.context + [self.tokens[n] for n in path] + [next_token]
 
 
 def test_reference_really_depends_on_the_window(model):

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from tests.models.recompute import ATOL, Round, full_logits, root_path
 from verispec.errors import ConfigError, InvalidDraftError
 from verispec.models.hf import HFModelAdapter, tree_attention_mask
 
 VOCAB = 64
 CONTEXT = 128
-ATOL = 1e-5
 
 
 def tiny_llama(attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32):
@@ -40,48 +40,6 @@ def model(request):
 @pytest.fixture(params=["native", "transformers"])
 def backend(request):
     return request.param
-
-
-@torch.inference_mode()
-def full_logits(model, ids: list[int]) -> torch.Tensor:
-    """Next-token logits after ids from a plain forward without cache, shape (V,)."""
-    return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
-
-
-def root_path(parents: list[int], node: int) -> list[int]:
-    """Node numbers from the root (excluded) down to node."""
-    path = []
-    while node > 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
-
-
-class Round:
-    """Mirror of one round's tree (root = node 0) to build recompute references."""
-
-    def __init__(self, adapter: HFModelAdapter):
-        self.adapter = adapter
-        self.context = adapter.tokens()  # committed tokens, pending root last
-        self.tokens: list[int] = []
-        self.parents: list[int] = []
-
-    def extend(self, tokens: list[int], parents: list[int]) -> None:
-        """Extend the adapter and check every returned row against a full recompute."""
-        logits = self.adapter.extend(tokens, parents)
-        assert logits.shape == (len(tokens), VOCAB) and logits.dtype == torch.float32
-        first = len(self.tokens)
-        self.tokens += tokens
-        self.parents += parents
-        for i in range(len(tokens)):
-            path_tokens = [self.tokens[n] for n in root_path(self.parents, first + i)]
-            expected = full_logits(self.adapter.model, self.context + path_tokens)
-            torch.testing.assert_close(logits[i], expected, atol=ATOL, rtol=0)
-        assert self.adapter.runner.seq_length() == self.adapter.committed_len + self.adapter.num_nodes
-
-    def commit(self, path: list[int], next_token: int) -> None:
-        self.adapter.commit(path, next_token)
-        assert self.adapter.tokens() == self.context + [self.tokens[n] for n in path] + [next_token]
 
 
 def test_root_logits_match_full_forward(model, backend):
