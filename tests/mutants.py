@@ -671,7 +671,13 @@ MUTANTS += [
     Mutant(
         "cost_tables_kept_stale",
         "a reading does not renew the cost tables kept between readings (the policy never follows the machine)",
-        (("engine/cost_model.py", "        self._estimates = None\n        self._table = None", "        self._estimates = None"),),
+        (("engine/cost_model.py", "        self._estimates = None\n        self._stale = True", "        self._estimates = None"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
+        "standing_seconds_recomputed",
+        "a resting round recomputes the cost model's estimates for its prediction (the ~40 us a round it was made to save)",
+        (("engine/cost_model.py", "        if self._table is not None and self._table.size >= scored_tokens:\n            return float(self._table[scored_tokens - 1])\n", ""),),
         ("tests/engine/test_cost_model.py",),
     ),
     Mutant(
