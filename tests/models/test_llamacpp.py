@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.test_greedy_default import LOSSLESS, _shape  # the same rules and draft shapes as on torch
-from tests.engine.tiny import exact_target_law, tiny_llama
+from tests.engine.test_greedy_default import LOSSLESS  # the same rules as on torch
+from tests.engine.tiny import exact_target_law, greedy_draft_shape, tiny_llama  # and the same draft shapes
 from tests.models.tiny_gguf import write_llama_gguf
 from verispec.core.rng import enumerate_outcomes
 from verispec.core.rows import LogitRows
@@ -311,7 +311,7 @@ def test_lossless_rules_reproduce_greedy_llamacpp_output(default_gguf, method):
     target, prompts, references = default_gguf
     decoder = SpeculativeDecoder(
         target, "ngram", method=method, temperature=0, draft_temperature=1.0, max_new_tokens=GREEDY_TOKENS,
-        eos_token_id=[], seed=3, **_shape(method),
+        eos_token_id=[], seed=3, **greedy_draft_shape(method),
     )
     for ids, reference in zip(prompts, references):
         assert decoder.generate(ids).token_ids == reference
