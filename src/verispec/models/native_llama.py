@@ -97,10 +97,10 @@ class _Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-class _FusedLinear:
+class _FusedLinear(_Linear):
     """The product of several ``nn.Linear`` of one input at once: their weights stacked (oneDNN-packed
-    when ``prepack``), outputs side by side. One weight read and one call instead of several: the
-    q/k/v and gate/up products of a layer, whose outputs are slices of this one."""
+    when ``prepack``), outputs side by side; called as a ``_Linear``. One weight read and one call
+    instead of several: the q/k/v and gate/up products of a layer, whose outputs are slices of this one."""
 
     def __init__(self, linears, prepack: bool):
         weight = torch.cat([linear.weight.detach() for linear in linears])
@@ -109,11 +109,6 @@ class _FusedLinear:
             b.detach() if b is not None else weight.new_zeros(linear.out_features) for b, linear in zip(biases, linears)])
         self.packed = prepack
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if prepack else weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
 
 
 def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
