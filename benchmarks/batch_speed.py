@@ -1,7 +1,7 @@
 """Batched decoding speed: plain and speculative, by batch size, interleaved in one process.
 
     python benchmarks/batch_speed.py [--batch-sizes 1,2,4] [--prompts 0-3] [--tokens 32]
-                                     [--repeats 3] [--threads 1] [--dtype auto]
+                                     [--repeats 3] [--threads 1] [--dtype auto] [--device cpu]
 
 For every batch size B, the HumanEval prompts are split into groups of B (prompt i goes with the
 next B - 1, cyclically, so every B decodes the same prompts) and each group is decoded greedily by
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_group_arguments(parser)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]; auto dtype on a GPU: bf16")
     parser.add_argument("--drafter-choice", action="store_true",
                         help="also run the default draft with every sequence sizing its own tree by its own cost model "
                              "(engine.batch.drafter_choice: the policy before the batch budget)")
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     from verispec.models.default import load_default_target
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    model, tokenizer = load_default_target(resolve_dtype(args.dtype))
+    model, tokenizer = load_default_target(resolve_dtype(args.dtype, args.device), args.device)
     prompts = encoded_humaneval(tokenizer, args.prompts)
     common = dict(tokenizer=tokenizer, temperature=0, max_new_tokens=args.tokens, eos_token_id=[])
     plain, reference, first = plain_and_warm_default(model, common, prompts)
@@ -206,7 +207,8 @@ def main(argv=None) -> int:
     def spread(values):
         return f"{statistics.median(values):6.2f} [{min(values):.2f}, {max(values):.2f}]"
 
-    print(f"{cpu_name()}, {args.dtype} ({next(model.parameters()).dtype}), {torch.get_num_threads()} thread(s), "
+    machine = cpu_name() if args.device == "cpu" else f"{torch.cuda.get_device_name(args.device)} ({cpu_name()})"
+    print(f"{machine}, {args.dtype} ({next(model.parameters()).dtype}), {torch.get_num_threads()} thread(s), "
           f"HumanEval {args.prompts}, {args.tokens} tokens, greedy, {args.repeats} repeats, {time.strftime('%Y-%m-%d %H:%M')}")
     print("tok/s: wall clock; tok/cpu-s: per second of this process's CPU time (robust to other processes' load)")
     columns = ["total tok/s", "tok/s per seq", "total tok/cpu-s", "vs plain same B (cpu)", "vs generate (cpu)", "vs generate (wall)"]

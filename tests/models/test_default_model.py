@@ -66,3 +66,17 @@ def test_load_model_from_local_directory(tmp_path, default_target):
 def test_load_model_missing_directory(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_model(str(tmp_path / "no-such-model"))
+
+
+@pytest.mark.parametrize("bf16_gpu, expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_dtype_on_a_gpu_follows_the_gpu_not_the_cpu(monkeypatch, bf16_gpu, expected):
+    """On CUDA the CPU's flags say nothing: auto is bf16 where the GPU has it, else fp32."""
+    from verispec.cli.generate import resolve_dtype
+    from verispec.models.default import fast_dtype_name
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
+    assert fast_dtype_name("flags : avx2", device="cuda") == expected
+    assert fast_dtype_name("flags : avx512_bf16", device="cuda:0") == expected
+    assert resolve_dtype("auto", "cuda") == {"bf16": torch.bfloat16, "fp32": torch.float32}[expected]
+    assert fast_dtype_name("flags : avx2", device="cpu") == "fp32"
+    assert fast_dtype_name("flags : avx512_bf16", device="cpu") == "bf16"

@@ -242,7 +242,7 @@ class Sweep:
             "draft": self.config.draft or (self.draft if isinstance(self.draft, str) else
                                            "auto (tree for q-free methods, else ngram)" if self.draft is None else
                                            _describe(getattr(self.draft, "model", self.draft))),
-            "dtype": fast_dtype_name() if self.config.dtype == "auto" else self.config.dtype,
+            "dtype": fast_dtype_name(device=self.config.device or "cpu") if self.config.dtype == "auto" else self.config.dtype,
             "device": self.config.device,
             "backend": {"target": self.target.backend,
                         "draft": getattr(self.draft, "backend", "ngram" if isinstance(self.draft, str) else "n/a")},

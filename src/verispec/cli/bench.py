@@ -147,7 +147,7 @@ def load_models(config):
     if config.backend == "llamacpp":  # the target stays a GGUF name or path, opened on llama.cpp by the sweep
         target_model, tokenizer = config.target or "default", load_gguf_tokenizer(config.target)
     else:
-        target_model, tokenizer = load_model(config.target, resolve_dtype(config.dtype), config.device)
+        target_model, tokenizer = load_model(config.target, resolve_dtype(config.dtype, config.device or "cpu"), config.device)
     if config.draft is None:
         return target_model, tokenizer, None
     if is_gguf_source(config.draft):  # opened once on llama.cpp by the sweep
@@ -158,7 +158,7 @@ def load_models(config):
 
     if is_head_source(config.draft):  # "head" or a head directory: the decoder loads it
         return target_model, tokenizer, config.draft
-    draft_model, _ = load_model(config.draft, resolve_dtype(config.dtype), config.device)
+    draft_model, _ = load_model(config.draft, resolve_dtype(config.dtype, config.device or "cpu"), config.device)
     return target_model, tokenizer, draft_model
 
 

@@ -15,12 +15,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_CHOICES = ["auto", *DTYPES]
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    """A --dtype value as a torch dtype; "auto" is the fast dtype of this CPU (models.default.fast_dtype_name)."""
+def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """A --dtype value as a torch dtype; "auto" is the fast dtype of the device (models.default.fast_dtype_name)."""
     if name == "auto":
         from verispec.models.default import fast_dtype_name
 
-        name = fast_dtype_name()
+        name = fast_dtype_name(device=device)
     return DTYPES[name]
 
 
@@ -35,7 +35,7 @@ def load_pair(target: str | None, draft: str | None, dtype: str, device: str, ne
     if backend == "llamacpp":
         target_model, tokenizer = target or "default", load_gguf_tokenizer(target)
     else:
-        target_model, tokenizer = load_model(target, resolve_dtype(dtype), device)
+        target_model, tokenizer = load_model(target, resolve_dtype(dtype, device), device)
     if not need_draft:
         return target_model, tokenizer, None
     import verispec.models.default_draft  # noqa: F401  registers the sub-vocabulary draft architecture
@@ -52,12 +52,12 @@ def load_pair(target: str | None, draft: str | None, dtype: str, device: str, ne
         draft_model = None
     elif draft == "default":
         # the shipped trained draft when there is one, else the training-free n-gram draft
-        shipped = verispec.models.default_draft.load_default_draft(resolve_dtype(dtype), device) if target in (None, "default") else None
+        shipped = verispec.models.default_draft.load_default_draft(resolve_dtype(dtype, device), device) if target in (None, "default") else None
         draft_model = shipped if shipped is not None else "ngram"
     elif is_gguf_source(draft):  # opened by the decoder, on llama.cpp
         draft_model = draft
     else:
-        draft_model, _ = load_model(draft, resolve_dtype(dtype), device)
+        draft_model, _ = load_model(draft, resolve_dtype(dtype, device), device)
     return target_model, tokenizer, draft_model
 
 

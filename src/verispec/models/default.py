@@ -130,12 +130,16 @@ def load_model(
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def fast_dtype_name(cpuinfo: str | None = None) -> str:
+def fast_dtype_name(cpuinfo: str | None = None, device: str | torch.device = "cpu") -> str:
     """The faster dtype for the default engine on this machine: "bf16" when the CPU has native
     bf16 dot products (AVX512-BF16 or AMX), else "fp32". Measured on an AVX2-only CPU
     (with ``benchmarks/token_tree_speed.py``): torch's emulated bf16 matmuls cost about n
     times one token to score n tokens, so token trees cannot pay off there, while fp32 scores 8
-    tokens for ~2x one. ``cpuinfo``: the text of /proc/cpuinfo (read when None; no file: fp32)."""
+    tokens for ~2x one. ``cpuinfo``: the text of /proc/cpuinfo (read when None; no file: fp32).
+    On a CUDA ``device``: bf16 where the GPU runs it natively (Ampere and later: tensor cores,
+    fp32's exponent range, so no overflow as in fp16), else fp32."""
+    if torch.device(device).type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
