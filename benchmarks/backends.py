@@ -150,6 +150,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="auto,fp32", help="torch dtypes, comma-separated: auto, fp32, bf16")
     parser.add_argument("--context", type=int, default=300, help="prompt length of the cost curve")
     parser.add_argument("--curve-repeats", type=int, default=5)
+    parser.add_argument("--tuning", action="store_true",
+                        help="Spec-Bench ids NOT divisible by 5 (tuning prompts; pair with --start 40 for HumanEval)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
         for repeat in range(args.repeats):
             for index, (pid, ids) in enumerate(prompts):
                 shift = (index + repeat) % len(CONFIGS)
-                row: dict = {"prompt": pid}
+                row: dict = {"prompt": pid, "prompt_tokens": len(ids)}
                 for name in CONFIGS[shift:] + CONFIGS[:shift]:
                     tic = time.perf_counter()
                     if name == "llama-cpp-python":

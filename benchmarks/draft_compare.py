@@ -56,7 +56,9 @@ def load_prompts(args):
     taken: dict[str, int] = defaultdict(int)
     prompts = []
     for row in rows:
-        if row["question_id"] % 5 == 0 and taken[row["category"]] < args.per_category:
+        # ids divisible by 5 are held out for evaluation; --tuning takes the others
+        held_out = row["question_id"] % 5 == 0
+        if held_out != getattr(args, "tuning", False) and taken[row["category"]] < args.per_category:
             taken[row["category"]] += 1
             prompts.append((f"spec-bench/{row['question_id']}", row["category"], row["turns"][0]))
     return prompts

@@ -1,6 +1,7 @@
-"""What ``--backend auto`` resolves to (``models.backend_choice``): llama.cpp only on a CPU without
-native bf16, with the extra installed, a target llama.cpp runs as a GGUF, and a draft / rule that
-run there; torch otherwise. No model is loaded: the rule reads flags and /proc/cpuinfo text."""
+"""What ``--backend auto`` resolves to (``models.backend_choice``): llama.cpp on a CPU without native
+bf16, and on one with bf16 but no AMX for long answers (not serve), with the extra installed, a
+target llama.cpp runs as a GGUF, and a draft / rule that run there; torch otherwise. No model is
+loaded: the rule reads flags and /proc/cpuinfo text."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from verispec.models import backend_choice
 from verispec.models.backend_choice import LLAMACPP, TORCH, choose_backend
 
 NO_BF16 = "flags : fpu sse2 avx2 avx512f avx512bw"
-NATIVE_BF16 = NO_BF16 + " avx512_bf16 amx_bf16"
+AMX = NO_BF16 + " avx512_bf16 amx_bf16 amx_tile"
+BF16_NO_AMX = NO_BF16 + " avx512_bf16"  # AMD Zen 4 / Zen 5
 
 
 @pytest.fixture
@@ -28,9 +30,53 @@ def test_a_cpu_without_native_bf16_runs_the_default_target_on_llamacpp(extra_ins
     assert choose_backend("default", None, "sd", cpuinfo=NO_BF16).backend == LLAMACPP
 
 
-def test_a_native_bf16_cpu_keeps_torch(extra_installed):
-    choice = choose_backend(None, None, None, cpuinfo=NATIVE_BF16)
-    assert choice.backend == TORCH and "native bf16" in choice.reason
+def test_an_amx_cpu_keeps_torch_for_every_command_and_length(extra_installed):
+    for command in ("generate", "demo", "serve"):
+        for length in (None, 8, 128, 4096):
+            choice = choose_backend(None, None, None, cpuinfo=AMX, command=command, max_new_tokens=length)
+            assert choice.backend == TORCH and "AMX" in choice.reason
+
+
+@pytest.mark.parametrize("command", ["generate", "demo"])
+def test_bf16_without_amx_weighs_the_answer_against_the_prompt(extra_installed, command):
+    """llama.cpp unless the answer is short for its prompt: new tokens < share x prompt tokens."""
+    share = backend_choice.NEW_PER_PROMPT_TOKEN
+
+    def choice(new, prompt):
+        return choose_backend(None, None, None, cpuinfo=BF16_NO_AMX, command=command, max_new_tokens=new, prompt_tokens=prompt)
+
+    assert choice(32, 32 / share).backend == LLAMACPP  # at the crossover: llama.cpp
+    assert choice(31, 32 / share).backend == TORCH
+    assert "prefills faster" in choice(31, 32 / share).reason and f"{32 / share:.0f}-token prompt" in choice(31, 32 / share).reason
+    assert choice(128, 40).backend == LLAMACPP  # a short chat prompt: decoding dominates
+    assert choice(8, 2000).backend == TORCH  # a long document, a short answer: the prefill dominates
+    assert choice(8, None).backend == choice(None, 2000).backend == LLAMACPP  # unknown: taken as long
+
+
+def test_the_prompt_is_tokenized_only_when_its_length_decides(extra_installed):
+    calls = []
+
+    def prompt_tokens():
+        calls.append(1)
+        return 400.0
+
+    for cpuinfo in (AMX, NO_BF16):
+        choose_backend(None, None, None, cpuinfo=cpuinfo, max_new_tokens=8, prompt_tokens=prompt_tokens)
+    choose_backend(None, None, None, cpuinfo=BF16_NO_AMX, command="serve", max_new_tokens=8, prompt_tokens=prompt_tokens)
+    assert calls == []
+    assert choose_backend(None, None, None, cpuinfo=BF16_NO_AMX, max_new_tokens=8, prompt_tokens=prompt_tokens).backend == TORCH
+    assert calls == [1]
+
+
+def test_bf16_without_amx_serves_on_torch(extra_installed):
+    choice = choose_backend(None, None, None, cpuinfo=BF16_NO_AMX, command="serve", max_new_tokens=None)
+    assert choice.backend == TORCH and "serve" in choice.reason
+
+
+def test_a_cpu_without_bf16_takes_llamacpp_whatever_the_command_or_length(extra_installed):
+    for command in ("generate", "demo", "serve"):
+        for length in (None, 1, 32, 128):
+            assert choose_backend(None, None, None, cpuinfo=NO_BF16, command=command, max_new_tokens=length).backend == LLAMACPP
 
 
 @pytest.mark.parametrize(
@@ -68,7 +114,8 @@ def test_gemma_runs_on_llamacpp_only_with_its_extra(extra_installed, monkeypatch
 
 
 def test_a_gguf_target_runs_on_llamacpp_whatever_the_cpu(extra_installed):
-    assert choose_backend("model.gguf", None, None, cpuinfo=NATIVE_BF16).backend == LLAMACPP
+    for cpuinfo in (AMX, BF16_NO_AMX, NO_BF16):
+        assert choose_backend("model.gguf", None, None, cpuinfo=cpuinfo, command="serve", max_new_tokens=1).backend == LLAMACPP
 
 
 @pytest.mark.parametrize("command", [["generate", "hi"], ["demo"]])
@@ -79,12 +126,19 @@ def test_the_cli_resolves_auto_before_loading_a_model(monkeypatch, command):
         seen["backend"] = args.backend
         return 0
 
+    def fake_choice(*args, **kwargs):
+        seen["asked"] = kwargs
+        seen["prompt_tokens"] = kwargs.pop("prompt_tokens")()
+        return backend_choice.BackendChoice(LLAMACPP, "test")
+
     import verispec.cli.generate as generate
 
-    monkeypatch.setattr(backend_choice, "choose_backend", lambda *a, **k: backend_choice.BackendChoice(LLAMACPP, "test"))
+    monkeypatch.setattr(backend_choice, "choose_backend", fake_choice)
     monkeypatch.setattr(generate, "run_generate", fake_run)
     monkeypatch.setattr(generate, "run_demo", fake_run)
-    assert cli_main.main(command) == 0
+    assert cli_main.main(command + ["--max-new-tokens", "77"]) == 0
     assert seen["backend"] == LLAMACPP
+    assert seen["asked"] == {"command": command[0], "max_new_tokens": 77}  # the rule sees the command and lengths
+    assert 10 < seen["prompt_tokens"] < 1000  # the chat-wrapped "hi", or demo's HumanEval prompts, in tokens
     assert cli_main.main(command + ["--backend", "native"]) == 0  # an explicit backend is kept
     assert seen["backend"] == "native"

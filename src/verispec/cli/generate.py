@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -148,6 +150,29 @@ def check_prompt_source(args) -> None:
             raise ConfigError("method sprinter decodes one prompt at a time; drop --prompts-file or use another method")
 
 
+def mean_prompt_tokens(args) -> Callable[[], float]:
+    """A function giving the mean length in tokens of the prompts this command decodes (generate's
+    prompt or --prompts-file, demo's HumanEval prompts), for ``--backend auto``; it tokenizes, so the
+    rule calls it only when a prompt's length decides."""
+
+    def count() -> float:
+        from verispec.models.default import encode_prompt
+        from verispec.models.llamacpp import load_gguf_tokenizer
+
+        if args.command == "demo":
+            from verispec.bench.datasets import humaneval_prompts
+
+            texts = [prompt.text for prompt in humaneval_prompts(args.prompts)]
+        else:
+            check_prompt_source(args)
+            texts = [args.prompt] if args.prompts_file is None else read_prompts_file(args.prompts_file)
+        tokenizer = load_gguf_tokenizer(args.target)
+        chat = not getattr(args, "no_chat", False)
+        return statistics.mean(len(encode_prompt(tokenizer, text, chat=chat)) for text in texts)
+
+    return count
+
+
 def read_prompts_file(path: str) -> list[str]:
     """The prompts of ``--prompts-file``: a .jsonl file holds one JSON object per line with
     "prompt" (a string) or "turns" (a list of strings, the first is used: Spec-Bench's format);
@@ -214,12 +239,23 @@ def run_generate_batch(args) -> int:
     seconds = max((o.seconds for o in outputs), default=0.0)
     tokens = sum(o.new_tokens for o in outputs)
     print(f"[batch: {len(outputs)} prompts, at most {args.max_batch} at once] {tokens} tokens in {seconds:.2f} s, "
-          f"{tokens / seconds if seconds > 0 else 0.0:.1f} tokens/s in total", file=sys.stderr)
+          f"{tokens / seconds if seconds > 0 else 0.0:.1f} tokens/s in total" + _backend_note(args, decoder), file=sys.stderr)
     if args.stats_json:
         with open(args.stats_json, "w") as handle:
             json.dump({"prompts": len(outputs), "max_batch": args.max_batch, "seconds": seconds,
                        "outputs": [o.to_dict() for o in outputs]}, handle, indent=1)
     return 1 if failed else 0
+
+
+def _backend_name(decoder) -> str:
+    return getattr(decoder.target, "backend", type(decoder.target).__name__)
+
+
+def _backend_note(args, decoder) -> str:
+    """Where the target ran, and why when ``--backend auto`` chose it: the backend decides the
+    numerics, so a seed's text on one backend can differ from another's (pin it with --backend)."""
+    reason = getattr(args, "backend_reason", None)
+    return f"; backend {_backend_name(decoder)}" + (f" (auto: {reason})" if reason else "")
 
 
 def run_generate(args) -> int:
@@ -237,12 +273,12 @@ def run_generate(args) -> int:
     print(
         f"[{output.method} draft={_draft_name(decoder)} K={output.num_drafts} L={output.draft_len}] {output.new_tokens} tokens, "
         f"{output.target_calls} target calls, block efficiency {output.block_efficiency:.2f}, "
-        f"{output.tokens_per_second:.1f} tokens/s" + _policy_note(output),
+        f"{output.tokens_per_second:.1f} tokens/s" + _policy_note(output) + _backend_note(args, decoder),
         file=sys.stderr,
     )
     if args.stats_json:
         with open(args.stats_json, "w") as handle:
-            json.dump(output.to_dict(), handle, indent=1)
+            json.dump(output.to_dict() | {"backend": _backend_name(decoder)}, handle, indent=1)
     return 0
 
 

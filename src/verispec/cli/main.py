@@ -147,7 +147,12 @@ def main(argv=None) -> int:
             from verispec.models.backend_choice import choose_backend
 
             # llama.cpp or torch from the CPU kind and the flags (docs/llamacpp.md), before any model loads
-            args.backend = choose_backend(args.target, args.draft, args.method, args.dtype, args.device).backend
+            from verispec.cli.generate import mean_prompt_tokens
+
+            choice = choose_backend(args.target, args.draft, args.method, args.dtype, args.device,
+                                    command=args.command, max_new_tokens=getattr(args, "max_new_tokens", None),
+                                    prompt_tokens=mean_prompt_tokens(args) if args.command != "serve" else None)
+            args.backend, args.backend_reason = choice.backend, choice.reason
         if args.command == "generate" and args.method == "sprinter":
             from verispec.cli.generate import check_prompt_source
             from verispec.cli.sprinter import run_generate_sprinter

@@ -3,26 +3,35 @@ the machine and the configuration, never from a start-up timing (one noisy readi
 everything when the project tried that).
 
 The rule (docs/llamacpp.md, "Which backend auto picks", gives the measurements behind it):
-llama.cpp when ALL of these hold, torch otherwise:
+torch when any of these holds (llama.cpp cannot run the configuration, or was not asked for):
 
-* the CPU lacks native bf16 dot products (``models.default.fast_dtype_name`` is "fp32"): torch
-  then runs fp32, one token ~3x slower than llama.cpp's quantized kernels (DESIGN.md §7), and
-  llama.cpp's plain decoding alone beats torch's speculative decoding; on a native-bf16 CPU torch
-  bf16 scores a tree of 8-16 tokens for about the price of one, and its default configuration
-  measured faster than llama.cpp's end to end;
-* --dtype is auto and --device is cpu (an explicit dtype or a GPU asks for torch);
-* the llamacpp extra is installed;
-* the target is one llama.cpp runs as a GGUF: the default target (its shipped GGUF), Gemma 3
-  270M with the gemma extra installed, or a .gguf path;
-* the draft and the rule run there: no draft head (it reads hidden states), no SPRINTER, and the
-  draft is the token-tree or n-gram draft or a .gguf file (a Hugging Face draft model stays with
-  a torch target).
+* --dtype is not auto or --device is not cpu;
+* the llamacpp extra is not installed;
+* the target is not one llama.cpp runs as a GGUF (the default target's shipped GGUF, Gemma 3 270M
+  with the gemma extra, a .gguf path);
+* the rule or draft needs torch: SPRINTER or a draft head (they read hidden states), or a Hugging
+  Face draft model.
+
+Otherwise by the CPU's kind (a .gguf target runs on llama.cpp in any case):
+
+* no native bf16 dot products (``models.default.fast_dtype_name`` is "fp32"): llama.cpp. Torch runs
+  fp32 there, one token ~3x slower than llama.cpp's quantized kernels (DESIGN.md §7);
+* AMX (``amx_bf16``, Intel Xeon since Sapphire Rapids): torch bf16. Its tiles score a tree of 16
+  tokens for about the price of one and prefill faster; its default configuration beat llama.cpp's
+  end to end (Xeon runs of 2026-11-26);
+* native bf16 without AMX (``avx512_bf16``: AMD Zen 4 / Zen 5): llama.cpp decodes faster than torch
+  bf16's default there and torch prefills faster, so ``generate`` and ``demo`` take llama.cpp unless
+  the answer is short for its prompt: fewer than ``NEW_PER_PROMPT_TOKEN`` new tokens per prompt token
+  (the crossover of the two backends' fitted prefill and decode costs, docs/llamacpp.md). ``serve``
+  keeps torch: its continuous batch was measured on torch, not against llama.cpp's.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from verispec.models.llamacpp import is_gguf_source, llamacpp_available
 
@@ -30,6 +39,11 @@ TORCH = "auto"  # the torch runners' own meaning of "auto": the native forward w
 LLAMACPP = "llamacpp"
 # drafts that need no model, or name none: the decoder picks token trees / n-gram
 MODEL_FREE_DRAFTS = (None, "tree", "ngram")
+# new tokens per prompt token from which llama.cpp's faster decoding outweighs torch bf16's faster
+# prefill on a native-bf16 CPU without AMX: (llama.cpp's - torch's prefill ms per prompt token) /
+# (torch's - llama.cpp's decode ms per new token): 0.60 fitted on a Zen 5, 0.55 the best split of its
+# 32 tuning prompts (docs/llamacpp.md, "Which backend auto picks")
+NEW_PER_PROMPT_TOKEN = 0.55
 
 
 @dataclass(frozen=True)
@@ -60,15 +74,19 @@ def choose_backend(
     dtype: str = "auto",
     device: str = "cpu",
     cpuinfo: str | None = None,
+    command: str = "generate",
+    max_new_tokens: int | None = None,
+    prompt_tokens: float | Callable[[], float] | None = None,
 ) -> BackendChoice:
     """What ``--backend auto`` runs for these flags (see the module docstring); ``cpuinfo``: the
-    text of /proc/cpuinfo (read when None)."""
+    text of /proc/cpuinfo (read when None); ``command``: generate, demo or serve;
+    ``max_new_tokens``: the answer's length bound (None: unknown, taken as long); ``prompt_tokens``:
+    the prompts' mean length in tokens, or a function giving it (called only when the rule needs it:
+    it tokenizes); None: unknown, the answer is taken as long for it."""
     from verispec.models.default import fast_dtype_name
 
     if is_gguf_source(target):  # a GGUF path only runs on llama.cpp
         return BackendChoice(LLAMACPP, "the target is a GGUF file")
-    if fast_dtype_name(cpuinfo) == "bf16":
-        return BackendChoice(TORCH, "this CPU has native bf16: torch bf16 with token trees is faster")
     if dtype != "auto" or str(device) != "cpu":
         return BackendChoice(TORCH, f"--dtype {dtype} --device {device} ask for torch")
     reason = llamacpp_available() or _gguf_target(target)
@@ -78,4 +96,23 @@ def choose_backend(
         return BackendChoice(TORCH, "SPRINTER reads hidden states, which llama.cpp does not return")
     if not (draft in MODEL_FREE_DRAFTS or is_gguf_source(draft)):
         return BackendChoice(TORCH, f"the draft {str(draft)!r} runs on torch")
-    return BackendChoice(LLAMACPP, "this CPU lacks native bf16: llama.cpp's quantized kernels are faster than torch fp32")
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    if fast_dtype_name(cpuinfo) != "bf16":
+        return BackendChoice(LLAMACPP, "this CPU lacks native bf16: llama.cpp's quantized kernels are faster than torch fp32")
+    if "amx_bf16" in cpuinfo.split():
+        return BackendChoice(TORCH, "this CPU has AMX: torch bf16 with token trees is faster")
+    if command == "serve":
+        return BackendChoice(TORCH, "native bf16 without AMX, serve: the continuous batch runs on torch")
+    if max_new_tokens is not None:
+        prompt = prompt_tokens() if callable(prompt_tokens) else prompt_tokens
+        if prompt is not None and max_new_tokens < NEW_PER_PROMPT_TOKEN * prompt:
+            return BackendChoice(TORCH, f"native bf16 without AMX, {max_new_tokens} new tokens for a {prompt:.0f}-token "
+                                        "prompt: torch bf16 prefills faster")
+    return BackendChoice(LLAMACPP, "native bf16 without AMX and a long enough answer: llama.cpp decodes faster than torch bf16")
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:  # no /proc (not Linux): no flags known, as fast_dtype_name reads it
+        return ""
