@@ -8,8 +8,8 @@ Usage:
 One process; the default target loaded once per torch dtype (the de-quantized safetensors, the
 native runner; --dtypes, "auto" = this CPU's fast dtype, duplicates dropped) and once on llama.cpp
 (the shipped Q4_1 GGUF itself, ``LlamaCppAdapter``). For every thread count and prompt, the
-configurations run back to back, their order rotated between prompts and repeats (A B C D E,
-B C D E A, ...), greedy, exactly --max-new-tokens tokens (EOS ignored):
+configurations run back to back, their order rotated between prompts and repeats and reversed
+every other prompt (A B C D E, A E D C B, C D E A B, ...), greedy, exactly --max-new-tokens tokens (EOS ignored):
     torch DTYPE plain    SpeculativeDecoder(method="ar") on torch in DTYPE
     torch DTYPE default  SpeculativeDecoder(target): token trees + q-free, on torch in DTYPE
     llamacpp plain    SpeculativeDecoder(method="ar") on llama.cpp
@@ -192,7 +192,10 @@ def main(argv=None) -> int:
             for index, (pid, ids) in enumerate(prompts):
                 shift = (index + repeat) % len(CONFIGS)
                 row: dict = {"prompt": pid, "prompt_tokens": len(ids)}
-                for name in CONFIGS[shift:] + CONFIGS[:shift]:
+                order = CONFIGS[shift:] + CONFIGS[:shift]
+                # reversed every other prompt: a pure rotation keeps each configuration's
+                # predecessor fixed (llama.cpp default always right after llama.cpp plain)
+                for name in order if (index + repeat) % 2 == 0 else order[::-1]:
                     tic = time.perf_counter()
                     if name == "llama-cpp-python":
                         tokens, decode = anchor_generate(anchor, ids, args.max_new_tokens)
