@@ -4,9 +4,10 @@
                                     [--max-queue 4] [--clients 16] [--requests 64] [--rounds 3] [--max-tokens 32]
                                     [--method sd -L 4] [--worker-memory 1,2,3]
     python benchmarks/serve_load.py --compare 1,2,4,8 [--per-client 3] [--repeats 2] [--max-tokens 32]
+                                    [--batch-replicas 2 --batch-threads 1]
 
 ``--compare``: both servers (``--workers`` worker threads of 1 torch thread each, and the continuous
-batch with ``--batch-threads``) up at once; per client count, rounds of ``clients x --per-client``
+batch with ``--batch-threads``, in ``--batch-replicas`` batches side by side) up at once; per client count, rounds of ``clients x --per-client``
 streamed requests alternate between them (A B, B A, ...); prints throughput (tokens/s), latency p50 /
 p95 and time to first token p50 per scheduler (median [min-max] over ``--repeats``), the 429s and
 the answers that differ from the same request alone (all repeats), the ratios to the workers, and the same checks (complete or 429, none lost, every answer equal to the same
@@ -97,6 +98,8 @@ def start_server(args, workers: int, port: int, scheduler: str | None = None) ->
                "-K", str(args.num_drafts), "-L", str(args.draft_len), "--shutdown-grace", "5"]
     if args.method:
         command += ["--method", args.method]
+    if scheduler == "batch":
+        command += ["--batch-replicas", str(args.batch_replicas)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -271,8 +274,8 @@ def compare(args) -> int:
             urls[scheduler] = f"http://127.0.0.1:{port}"
             references[scheduler] = references_of(urls[scheduler], args)
         differ = [key for key in references["workers"] if references["workers"][key] != references["batch"][key]]
-        print(f"verispec serve load, compare: workers ({args.workers} x 1 torch thread) vs continuous batch (max "
-              f"{args.max_batch}, {args.batch_threads} torch threads), server default rule {args.method or 'qfree (token trees)'}, "
+        print(f"verispec serve load, compare: workers ({args.workers} x 1 torch thread) vs {args.batch_replicas} continuous "
+              f"batch(es) (max {args.max_batch} in all, {args.batch_threads} torch threads each), server default rule {args.method or 'qfree (token trees)'}, "
               f"{args.dtype}, max_tokens {args.max_tokens}, {args.per_client} requests per client per round, "
               f"{args.repeats} repeats interleaved, all streamed; half greedy, half seeded at T=0.7")
         print(f"requests whose alone-answer differs between the two servers: {len(differ)} of {len(references['batch'])}")
@@ -340,6 +343,7 @@ def main(argv=None) -> int:
     parser.add_argument("--scheduler", default="batch", choices=["batch", "workers"])
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--batch-threads", type=int, default=2, help="torch threads of the batch (the workers get 1 each)")
+    parser.add_argument("--batch-replicas", type=int, default=1, help="continuous batches side by side in the batch server")
     parser.add_argument("--compare", default=None, help="e.g. 1,2,4,8: workers vs batch at these client counts, interleaved")
     parser.add_argument("--per-client", type=int, default=3, help="--compare: requests per client per round")
     parser.add_argument("--repeats", type=int, default=2, help="--compare: rounds per (clients, scheduler)")

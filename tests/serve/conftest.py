@@ -38,7 +38,7 @@ def tiny_pair(tokenizer):
 
 def start_server(tiny_pair, tokenizer, workers=2, max_queue=4, method="sd", num_drafts=3, draft_len=4,
                  request_timeout=60.0, on_finished=None, max_context=None, graceful_seconds=5.0, max_request_bytes=4 * 2**20,
-                 scheduler="workers", max_batch=8):
+                 scheduler="workers", max_batch=8, replicas=1):
     """A server over the tiny pair; the worker threads by default (these tests were written for
     them), ``scheduler="batch"`` for continuous batching (tests/serve/test_batching.py)."""
     target, draft = tiny_pair
@@ -46,7 +46,7 @@ def start_server(tiny_pair, tokenizer, workers=2, max_queue=4, method="sd", num_
                           target.config.vocab_size, default_max_tokens=32, request_timeout=request_timeout, shutdown_grace=5.0,
                           max_request_bytes=max_request_bytes)
     app, pool = build_server(target, draft, tokenizer, config, workers=workers, max_queue=max_queue, threads_per_worker=1,
-                             scheduler=scheduler, max_batch=max_batch)
+                             scheduler=scheduler, max_batch=max_batch, replicas=replicas)
     if on_finished is not None:
         pool.on_finished = on_finished  # create_app already chained the metrics hook; wrap it
     return ServerThread(app, graceful_seconds=graceful_seconds).start(), pool

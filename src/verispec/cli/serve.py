@@ -25,6 +25,10 @@ def add_serve_parser(sub, add_model_flags, int_list) -> None:
                             "workers: --workers threads decoding one request each")
     serve.add_argument("--max-batch", type=flags.int_at_least(1), default=8,
                        help="requests decoded together by the batch scheduler (default 8); more wait in the queue")
+    serve.add_argument("--batch-replicas", type=flags.int_at_least(1), default=1,
+                       help="continuous batches side by side, each on its own thread over one set of weights; --max-batch and "
+                            "--max-queue are shared out between them (default 1; on CPUs where a second torch thread barely "
+                            "speeds up a forward, one replica per core serves more)")
     serve.add_argument("--workers", type=flags.int_at_least(1), default=1,
                        help="with --scheduler workers: parallel decodes, each with its own KV caches over one shared model")
     serve.add_argument("--max-queue", type=flags.int_at_least(1), default=8, help="requests waiting beyond the running ones; more get 429 + Retry-After")
@@ -104,10 +108,13 @@ def run_serve(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
     )
     app, pool = build_server(target_model, draft, tokenizer, config, args.workers, args.max_queue, args.threads_per_worker,
-                             args.backend, scheduler=args.scheduler, max_batch=args.max_batch)
+                             args.backend, scheduler=args.scheduler, max_batch=args.max_batch, replicas=args.batch_replicas)
     check_default_rule(pool, config)
     host, port = sock.getsockname()[:2]
-    if args.scheduler == "batch":
+    if args.scheduler == "batch" and args.batch_replicas > 1:
+        shape = (f"{args.batch_replicas} continuous batches of up to {pool.replicas[0].max_batch} x {pool.threads_per_worker} "
+                 "torch threads")
+    elif args.scheduler == "batch":
         shape = f"continuous batch of up to {args.max_batch} x {pool.threads_per_worker} torch threads"
     else:
         shape = f"{args.workers} workers x {pool.threads_per_worker} torch threads"

@@ -96,6 +96,7 @@ class BatchScheduler:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.side = side
+        self.batch_target = target  # the adapter whose runner's weights the batch multiplies with
         self.workers = [side]
         self.max_batch = int(max_batch)
         self.max_queue = max_queue

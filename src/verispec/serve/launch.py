@@ -16,7 +16,9 @@ import uvicorn
 from verispec.errors import ConfigError
 from verispec.models.hf import HFModelAdapter
 from verispec.serve.app import create_app
+from verispec.core.threads import default_threads
 from verispec.serve.batching import BatchScheduler
+from verispec.serve.replicas import ReplicatedBatches
 from verispec.serve.requests import ServerConfig
 from verispec.serve.workers import Worker, WorkerPool
 
@@ -76,14 +78,19 @@ SCHEDULERS = ("batch", "workers")
 
 
 def build_server(target_model, draft, tokenizer, config: ServerConfig, workers: int = 1, max_queue: int = 8,
-                 threads_per_worker: int | None = None, backend: str = "auto", scheduler: str = "batch", max_batch: int = 8):
+                 threads_per_worker: int | None = None, backend: str = "auto", scheduler: str = "batch", max_batch: int = 8,
+                 replicas: int = 1):
     """(app, pool): the FastAPI app over a fresh scheduler, which starts with the app's lifespan.
 
     scheduler "batch" (default): continuous batching of up to ``max_batch`` requests
-    (``serve.batching``; ``workers`` is ignored); "workers": ``workers`` threads decoding one
-    request each (``serve.workers``). ConfigError when the target cannot run batched."""
+    (``serve.batching``; ``workers`` is ignored), in ``replicas`` batches side by side
+    (``serve.replicas``; ``max_batch`` and ``max_queue`` are shared out between them); "workers":
+    ``workers`` threads decoding one request each (``serve.workers``). ConfigError when the target
+    cannot run batched."""
     if scheduler == "workers":
         pool = WorkerPool(build_workers(target_model, draft, tokenizer, workers, backend), max_queue, threads_per_worker)
+    elif scheduler == "batch" and replicas > 1:
+        pool = build_replicated_batches(target_model, draft, tokenizer, replicas, max_batch, max_queue, threads_per_worker, backend)
     elif scheduler == "batch":
         pool = build_batch_scheduler(target_model, draft, tokenizer, max_batch, max_queue, threads_per_worker, backend)
     else:
@@ -109,6 +116,25 @@ def build_batch_scheduler(target_model, draft, tokenizer, max_batch: int, max_qu
     (side,) = build_workers(target_model, draft, tokenizer, 1, backend)
     share_packed_weights(side.target, target)
     return BatchScheduler(target, side, max_batch=max_batch, max_queue=max_queue, threads=threads)
+
+
+def build_replicated_batches(target_model, draft, tokenizer, replicas: int, max_batch: int, max_queue: int,
+                             threads: int | None = None, backend: str = "auto") -> ReplicatedBatches:
+    """``replicas`` continuous batches over one set of weights (``serve.replicas``): each gets
+    ceil(max_batch / replicas) slots and ceil(max_queue / replicas) queue places, and ``threads``
+    torch threads (default: this process's cores divided among them, at least 1)."""
+    if isinstance(replicas, bool) or int(replicas) != replicas or replicas < 1:
+        raise ConfigError(f"batch replicas must be an integer >= 1, got {replicas!r}")
+    if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < replicas:
+        raise ConfigError(f"max_batch {max_batch!r} gives {replicas} batch replicas no slot each; raise --max-batch "
+                          f"to at least {replicas} or lower --batch-replicas")
+    threads = threads or default_threads(replicas)
+    built = [build_batch_scheduler(target_model, draft, tokenizer, -(-max_batch // replicas), -(-max_queue // replicas),
+                                   threads, backend) for _ in range(replicas)]
+    for other in built[1:]:  # one set of packed / stacked weights for every replica
+        share_packed_weights(built[0].side.target, other.side.target)
+        share_packed_weights(built[0].batch_target, other.batch_target)
+    return ReplicatedBatches(built)
 
 
 class ServerThread:

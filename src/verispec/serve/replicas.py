@@ -1,0 +1,92 @@
+"""Several continuous batches side by side (``verispec serve --batch-replicas N``).
+
+One ``BatchScheduler`` runs every round on one thread, so its forwards use the torch threads it was
+given and no more. On a CPU where a second torch thread barely speeds up a forward (2-core machines:
+it waits on memory, or spins while another process holds the core), the other cores are better used
+by a second batch than by a second thread: ``ReplicatedBatches`` runs N batches, each with its own
+loop thread, KV caches and token-tree tables, over ONE set of weights (the native runner's packed
+and stacked weights are shared), and sends each request to the replica with the fewest requests
+(running + waiting). A request's law and seeded text are its solo ones in any replica, as in one
+batch. Each replica keeps its own token-tree tables: they are written every round, by that
+replica's thread alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from verispec.serve.batching import BatchScheduler
+from verispec.serve.workers import DecodeSettings, Job, JobEvent, QueueFull
+
+
+class ReplicatedBatches:
+    """The ``WorkerPool`` interface (submit / check / start / shutdown / queue_depth / busy_workers)
+    over ``replicas``: batch schedulers over the same weights, each with its own thread."""
+
+    scheduler = "batch"
+
+    def __init__(self, replicas: list[BatchScheduler]):
+        if not replicas:
+            raise ValueError("ReplicatedBatches needs at least one batch scheduler")
+        self.replicas = list(replicas)
+        self.max_batch = sum(replica.max_batch for replica in self.replicas)
+        self.max_queue = sum(replica.max_queue for replica in self.replicas)
+        self.threads_per_worker = self.replicas[0].threads_per_worker
+        self.workers = [worker for replica in self.replicas for worker in replica.workers]
+
+    # hooks of the app (metrics): set on every replica
+    @property
+    def on_finished(self) -> Callable[[Job, JobEvent], None] | None:
+        return self.replicas[0].on_finished
+
+    @on_finished.setter
+    def on_finished(self, hook) -> None:
+        for replica in self.replicas:
+            replica.on_finished = hook
+
+    @property
+    def on_step(self) -> Callable[[int], None] | None:
+        return self.replicas[0].on_step
+
+    @on_step.setter
+    def on_step(self, hook) -> None:
+        for replica in self.replicas:
+            replica.on_step = hook
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(replica.queue_depth for replica in self.replicas)
+
+    @property
+    def busy_workers(self) -> int:
+        return sum(replica.busy_workers for replica in self.replicas)
+
+    @property
+    def accepting(self) -> bool:
+        return all(replica.accepting for replica in self.replicas)
+
+    def start(self) -> None:
+        for replica in self.replicas:
+            replica.start()
+
+    def shutdown(self, grace_seconds: float = 10.0) -> None:
+        """Stop every replica accepting at once, then shut each down (their grace periods overlap:
+        the first waits for its own requests while the others' keep running)."""
+        for replica in self.replicas:
+            replica._accepting = False
+        for replica in self.replicas:
+            replica.shutdown(grace_seconds)
+
+    def check(self, settings: DecodeSettings) -> None:
+        self.replicas[0].check(settings)
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` on the least loaded replica that has room; ``QueueFull`` (with the shortest
+        Retry-After) when none has, ``ShuttingDown`` once the server stops accepting."""
+        refusals: list[QueueFull] = []
+        for replica in sorted(self.replicas, key=lambda r: r.busy_workers + r.queue_depth):
+            try:
+                return replica.submit(job)
+            except QueueFull as full:
+                refusals.append(full)
+        raise min(refusals, key=lambda full: full.retry_after)

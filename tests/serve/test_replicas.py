@@ -1,0 +1,97 @@
+"""Several continuous batches side by side (``serve.replicas``, ``--batch-replicas``) on a real server
+over tiny random Llamas: requests spread over the replicas, each answer is the answer the same request
+gives alone (greedy and seeded), a full server refuses with 429, and shutdown stops every replica."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.serve.conftest import start_server
+from tests.serve.test_batching import PROMPTS, complete
+from tests.serve.test_concurrency import LONG, health, wait_for
+from verispec.errors import ConfigError
+from verispec.serve.launch import build_replicated_batches
+from verispec.serve.replicas import ReplicatedBatches
+from verispec.serve.workers import QueueFull
+
+
+@pytest.fixture(scope="module")
+def replicated(tiny_pair, tokenizer):
+    handle, pool = start_server((tiny_pair[0], None), tokenizer, scheduler="batch", method="qfree", max_batch=4,
+                                max_queue=8, replicas=2)
+    yield handle, pool
+    handle.stop()
+
+
+@pytest.mark.parametrize("fields", [{"seed": 7, "temperature": 1.0}, {"temperature": 0}, {"seed": 3, "speculative": {"method": "ar"}}])
+def test_requests_spread_over_replicas_and_give_their_text_alone(replicated, fields):
+    handle, pool = replicated
+    assert isinstance(pool, ReplicatedBatches) and len(pool.replicas) == 2
+    alone = [complete(handle.url, prompt, **fields)["choices"][0]["text"] for prompt in PROMPTS[:4]]
+    rounds_before = [replica.batch.rounds for replica in pool.replicas]
+    with ThreadPoolExecutor(4) as executor:
+        together = list(executor.map(lambda p: complete(handle.url, p, **fields), PROMPTS[:4]))
+    assert [r["choices"][0]["text"] for r in together] == alone
+    # both replicas decoded some of the four (each request went to the least loaded one)
+    assert all(replica.batch.rounds > before for replica, before in zip(pool.replicas, rounds_before))
+    body = health(handle.url)
+    assert body["scheduler"] == "batch" and body["max_batch"] == 4 and body["workers"] == 2
+
+
+def test_replicas_share_one_set_of_weights(replicated):
+    _, pool = replicated
+    first, second = pool.replicas
+    assert first.batch_target is not second.batch_target  # own adapters, own KV caches
+    assert first.batch_target.model is second.batch_target.model  # one module, one set of weights
+
+
+def test_a_full_server_refuses_with_429_and_the_others_finish(tiny_pair, tokenizer):
+    handle, pool = start_server((tiny_pair[0], None), tokenizer, scheduler="batch", method="qfree", max_batch=2,
+                                max_queue=2, replicas=2)
+    url = handle.url
+    try:
+        answers = {}
+        runners = [threading.Thread(target=lambda i=i: answers.setdefault(i, httpx.post(url + "/v1/completions",
+                                                                                         json={**LONG, "max_tokens": 60}, timeout=120)))
+                   for i in range(4)]
+        for runner in runners:
+            runner.start()
+        wait_for(lambda: pool.busy_workers + pool.queue_depth == 4)  # 2 running (one per replica) + 2 queued
+        refused = httpx.post(url + "/v1/completions", json={**LONG, "max_tokens": 5})
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+        for runner in runners:
+            runner.join(120)
+        assert [answers[i].status_code for i in range(4)] == [200] * 4
+    finally:
+        handle.stop()
+    assert not pool.accepting and all(replica._thread is None for replica in pool.replicas)
+
+
+def test_submit_tries_every_replica_and_reports_the_shortest_retry():
+    class Full:
+        def __init__(self, load, retry):
+            self.load, self.retry, self.max_batch, self.max_queue = load, retry, 1, 1
+            self.threads_per_worker, self.workers, self.tried = 1, [], 0
+
+        busy_workers = property(lambda self: self.load)
+        queue_depth = property(lambda self: 0)
+
+        def submit(self, job):
+            self.tried += 1
+            raise QueueFull(self.retry)
+
+    replicas = [Full(3, 9), Full(1, 4), Full(2, 6)]
+    with pytest.raises(QueueFull) as refused:
+        ReplicatedBatches(replicas).submit(object())
+    assert refused.value.retry_after == 4 and [r.tried for r in replicas] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("replicas, max_batch, message", [(0, 8, "replicas must be an integer >= 1"),
+                                                           (3, 2, "raise --max-batch to at least 3")])
+def test_bad_replica_counts_are_clear_errors(tiny_pair, tokenizer, replicas, max_batch, message):
+    with pytest.raises(ConfigError, match=message):
+        build_replicated_batches(tiny_pair[0], None, tokenizer, replicas, max_batch, 4)
