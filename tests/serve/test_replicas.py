@@ -47,6 +47,8 @@ def test_replicas_share_one_set_of_weights(replicated):
     first, second = pool.replicas
     assert first.batch_target is not second.batch_target  # own adapters, own KV caches
     assert first.batch_target.model is second.batch_target.model  # one module, one set of weights
+    # the batched runners' stacked q|k|v and gate|up products: one set (built once, fp32 here)
+    assert second.batch_target.runner.fused_linears() is first.batch_target.runner.fused_linears()
 
 
 def test_a_full_server_refuses_with_429_and_the_others_finish(tiny_pair, tokenizer):

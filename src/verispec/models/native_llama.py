@@ -210,6 +210,15 @@ class NativeLlamaRunner:
         self._fused, self._fused_source = None, other
         return True
 
+    def share_fused_from(self, other: "NativeLlamaRunner") -> bool:
+        """Use ``other``'s stacked q|k|v and gate|up products (``fused_linears``), packed or not: they
+        are read-only once built, so runners of the SAME model (batch replicas) need one set. Returns
+        whether they now share (False for another model)."""
+        if self.model is not other.model:
+            return False
+        self._fused, self._fused_source = None, other
+        return True
+
     def fused_linears(self) -> list[tuple["_FusedLinear", "_FusedLinear"]]:
         """Per layer, (q|k|v, gate|up): the products of the batched runner (``models.batch_runner``),
         built at the first call, then kept (shared with runners that ``share_weights_from`` this one).

@@ -15,6 +15,7 @@ import uvicorn
 
 from verispec.errors import ConfigError
 from verispec.models.hf import HFModelAdapter
+from verispec.models.native_llama import NativeLlamaRunner
 from verispec.serve.app import create_app
 from verispec.core.threads import default_threads
 from verispec.serve.batching import BatchScheduler
@@ -134,6 +135,9 @@ def build_replicated_batches(target_model, draft, tokenizer, replicas: int, max_
     for other in built[1:]:  # one set of packed / stacked weights for every replica
         share_packed_weights(built[0].side.target, other.side.target)
         share_packed_weights(built[0].batch_target, other.batch_target)
+        first_runner, other_runner = getattr(built[0].batch_target, "runner", None), getattr(other.batch_target, "runner", None)
+        if isinstance(first_runner, NativeLlamaRunner) and isinstance(other_runner, NativeLlamaRunner):
+            other_runner.share_fused_from(first_runner)  # the batched runner's stacked products, fp32 too
     return ReplicatedBatches(built)
 
 
