@@ -4,10 +4,11 @@
                                     [--max-queue 4] [--clients 16] [--requests 64] [--rounds 3] [--max-tokens 32]
                                     [--method sd -L 4] [--worker-memory 1,2,3]
     python benchmarks/serve_load.py --compare 1,2,4,8 [--per-client 3] [--repeats 2] [--max-tokens 32]
-                                    [--batch-replicas 2 --batch-threads 1]
+                                    [--batch-replicas 2 --batch-threads 1] [--batch-layouts 1x2,2x1]
 
 ``--compare``: both servers (``--workers`` worker threads of 1 torch thread each, and the continuous
-batch with ``--batch-threads``, in ``--batch-replicas`` batches side by side) up at once; per client count, rounds of ``clients x --per-client``
+batch with ``--batch-threads``, in ``--batch-replicas`` batches side by side; ``--batch-layouts``
+starts one batch server per REPLICASxTHREADS item instead) up at once; per client count, rounds of ``clients x --per-client``
 streamed requests alternate between them (A B, B A, ...); prints throughput (tokens/s), latency p50 /
 p95 and time to first token p50 per scheduler (median [min-max] over ``--repeats``), the 429s and
 the answers that differ from the same request alone (all repeats), the ratios to the workers, and the same checks (complete or 429, none lost, every answer equal to the same
@@ -89,9 +90,11 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-def start_server(args, workers: int, port: int, scheduler: str | None = None) -> subprocess.Popen:
+def start_server(args, workers: int, port: int, scheduler: str | None = None, layout: tuple[int, int] | None = None) -> subprocess.Popen:
+    """``layout``: (replicas, torch threads each) of a batch server (default --batch-replicas x --batch-threads)."""
     scheduler = scheduler or args.scheduler
-    threads = args.batch_threads if scheduler == "batch" else 1
+    replicas, batch_threads = layout or (args.batch_replicas, args.batch_threads)
+    threads = batch_threads if scheduler == "batch" else 1
     command = [sys.executable, "-m", "verispec.cli.main", "serve", "--port", str(port), "--dtype", args.dtype,
                "--scheduler", scheduler, "--workers", str(workers), "--max-batch", str(args.max_batch),
                "--max-queue", str(args.max_queue), "--threads-per-worker", str(threads),
@@ -99,7 +102,7 @@ def start_server(args, workers: int, port: int, scheduler: str | None = None) ->
     if args.method:
         command += ["--method", args.method]
     if scheduler == "batch":
-        command += ["--batch-replicas", str(args.batch_replicas)]
+        command += ["--batch-replicas", str(replicas)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -260,30 +263,41 @@ def references_of(url: str, args) -> dict:
     return references
 
 
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    """"1x2,2x1" -> [(1, 2), (2, 1)]: (replicas, torch threads each) per batch server."""
+    layouts = []
+    for item in text.split(","):
+        replicas, _, threads = item.strip().partition("x")
+        layouts.append((int(replicas), int(threads or 1)))
+    return layouts
+
+
 def compare(args) -> int:
     """The worker threads and the continuous batch side by side: both servers up at once, rounds
     interleaved per client count (A B, then B A, ...), every request streamed; prints one row per
     (clients, scheduler) with the median and spread over the repeats, and the ratios."""
     clients_list = [int(c) for c in args.compare.split(",")]
+    layouts = parse_layouts(args.batch_layouts) if args.batch_layouts else [(args.batch_replicas, args.batch_threads)]
+    names = ["workers"] + [f"batch {r}x{t}" for r, t in layouts]
     servers, urls, references = {}, {}, {}
     failures: list[str] = []
     try:
-        for scheduler in ("workers", "batch"):
+        for name in names:
             port = free_port()
-            servers[scheduler] = start_server(args, args.workers, port, scheduler)
-            urls[scheduler] = f"http://127.0.0.1:{port}"
-            references[scheduler] = references_of(urls[scheduler], args)
-        differ = [key for key in references["workers"] if references["workers"][key] != references["batch"][key]]
-        print(f"verispec serve load, compare: workers ({args.workers} x 1 torch thread) vs {args.batch_replicas} continuous "
-              f"batch(es) (max {args.max_batch} in all, {args.batch_threads} torch threads each), server default rule {args.method or 'qfree (token trees)'}, "
+            scheduler, layout = ("workers", None) if name == "workers" else ("batch", layouts[names.index(name) - 1])
+            servers[name] = start_server(args, args.workers, port, scheduler, layout)
+            urls[name] = f"http://127.0.0.1:{port}"
+            references[name] = references_of(urls[name], args)
+        differ = [key for key in references["workers"] if any(references["workers"][key] != references[name][key] for name in names[1:])]
+        print(f"verispec serve load, compare: workers ({args.workers} x 1 torch thread) vs continuous batching as "
+              f"replicas x torch threads each {', '.join(names[1:])} (max {args.max_batch} in all), server default rule {args.method or 'qfree (token trees)'}, "
               f"{args.dtype}, max_tokens {args.max_tokens}, {args.per_client} requests per client per round, "
               f"{args.repeats} repeats interleaved, all streamed; half greedy, half seeded at T=0.7")
-        print(f"requests whose alone-answer differs between the two servers: {len(differ)} of {len(references['batch'])}")
+        print(f"requests whose alone-answer differs between the servers: {len(differ)} of {len(references['workers'])}")
         results: dict = {}
         for clients in clients_list:
-            order = ["workers", "batch"]
             for repeat in range(args.repeats):
-                for scheduler in (order if repeat % 2 == 0 else order[::-1]):
+                for scheduler in (names if repeat % 2 == 0 else names[::-1]):
                     outcomes, wall, problems = run_round(urls[scheduler], args, references[scheduler], clients,
                                                          clients * args.per_client, stream_all=True)
                     failures += [f"{scheduler}, {clients} clients: {p}" for p in problems]
@@ -302,11 +316,11 @@ def compare(args) -> int:
                         sum(o.kind == "refused" for o in outcomes),
                         sum("differs from its answer alone" in o.detail for o in outcomes),
                     ))
-        print(f"{'clients':>7} {'scheduler':>9} {'tok/s':>14} {'p50 s':>13} {'p95 s':>13} {'TTFT p50 s':>13} {'429':>4} {'differ':>6} "
+        print(f"{'clients':>7} {'scheduler':>11} {'tok/s':>14} {'p50 s':>13} {'p95 s':>13} {'TTFT p50 s':>13} {'429':>4} {'differ':>6} "
               f"{'tok/s vs workers':>17} {'p50 vs workers':>15}")
         for clients in clients_list:
             base = results[(clients, "workers")]
-            for scheduler in ("workers", "batch"):
+            for scheduler in names:
                 rows = results[(clients, scheduler)]
 
                 def cell(column, rows=rows):
@@ -315,7 +329,7 @@ def compare(args) -> int:
 
                 throughput = statistics.median(r[0] for r in rows) / statistics.median(r[0] for r in base)
                 latency = statistics.median(r[1] for r in rows) / statistics.median(r[1] for r in base)
-                print(f"{clients:>7} {scheduler:>9} {cell(0):>14} {cell(1):>13} {cell(2):>13} {cell(3):>13} "
+                print(f"{clients:>7} {scheduler:>11} {cell(0):>14} {cell(1):>13} {cell(2):>13} {cell(3):>13} "
                       f"{sum(r[4] for r in rows):>4} {sum(r[5] for r in rows):>6} {throughput:>16.2f}x {latency:>14.2f}x")
         for scheduler, url in urls.items():
             if httpx.get(url + "/health", timeout=10).status_code != 200:
@@ -344,6 +358,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--batch-threads", type=int, default=2, help="torch threads of the batch (the workers get 1 each)")
     parser.add_argument("--batch-replicas", type=int, default=1, help="continuous batches side by side in the batch server")
+    parser.add_argument("--batch-layouts", default=None,
+                        help="--compare: several batch servers, REPLICASxTHREADS each, e.g. 1x2,2x1 (default: --batch-replicas x --batch-threads)")
     parser.add_argument("--compare", default=None, help="e.g. 1,2,4,8: workers vs batch at these client counts, interleaved")
     parser.add_argument("--per-client", type=int, default=3, help="--compare: requests per client per round")
     parser.add_argument("--repeats", type=int, default=2, help="--compare: rounds per (clients, scheduler)")
