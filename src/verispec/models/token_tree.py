@@ -4,8 +4,8 @@ Two sources of candidates, both free of any model call:
 
 * ``AdjacencyTable``: per token id, the target's top-k next tokens the last time the target was
   run on a node carrying that token (Token Recycling, Luo et al. 2024). Every target forward of the
-  engine already computes logits at every scored node; ``update`` takes their top-k (one
-  ``torch.topk`` over (n, V)) and overwrites the rows of the scored tokens. The table persists
+  engine already computes logits at every scored node; ``update`` takes the top-k of their
+  softmax (one ``torch.topk`` over (n, V)) and overwrites the rows of the scored tokens. The table persists
   across requests: it describes the target, not one prompt. Memory: V x k x (4 + 2) bytes
   (int32 ids + float16 probabilities), 2.4 MB for V = 49,152 and k = 8.
 * ``SuffixIndex``: copy candidates. The positions of every token and bigram of the context (prompt
@@ -39,6 +39,10 @@ class AdjacencyTable:
         self.k = min(int(k), self.vocab_size)  # a tiny vocabulary has fewer than k tokens
         self.next_tokens = np.full((self.vocab_size, self.k), EMPTY, dtype=np.int32)
         self.next_probs = np.zeros((self.vocab_size, self.k), dtype=np.float16)
+        # torch views of the same memory: ``update`` writes through them (a NumPy fancy assignment
+        # with its casts costs ~60 us right after a target forward, when its code is cold)
+        self._next_tokens = torch.from_numpy(self.next_tokens)
+        self._next_probs = torch.from_numpy(self.next_probs)
 
     @property
     def nbytes(self) -> int:
@@ -48,17 +52,21 @@ class AdjacencyTable:
     def update(self, tokens: Sequence[int], logits: torch.Tensor) -> None:
         """Record the top-k of ``logits`` (n, V) as the next tokens of ``tokens`` (n,); rows of
         tokens < 0 (an unset root) are skipped. When a token occurs at several nodes the last
-        row wins (the deepest, most recent context)."""
-        ids = np.asarray(tokens, dtype=np.int64)
-        keep = ids >= 0
-        if not keep.any():
+        row wins (the deepest, most recent context): only that row is read.
+
+        The top-k of the softmax, not of the logits: the same ids (exp is increasing) with their
+        probabilities, in two torch kernels. This runs right after every target forward, when
+        every kernel's code is cold (a 30-layer forward evicts it): each extra pass (the former
+        logsumexp, its exp and subtraction, NumPy's casts) cost 20-60 us there, several times its
+        warm cost, so fewer distinct kernels beat cleverer ones."""
+        last = {int(token): node for node, token in enumerate(tokens) if token >= 0}
+        if not last:
             return
-        rows = logits[torch.from_numpy(np.flatnonzero(keep))] if not keep.all() else logits
-        values, indices = torch.topk(rows.float(), self.k, dim=-1)
-        # p = exp(logit - logsumexp): only the top-k probabilities are needed, not the softmax
-        probs = torch.exp(values - torch.logsumexp(rows.float(), dim=-1, keepdim=True))
-        self.next_tokens[ids[keep]] = indices.numpy().astype(np.int32)
-        self.next_probs[ids[keep]] = probs.numpy().astype(np.float16)
+        rows = logits if len(last) == logits.shape[0] else logits[list(last.values())]
+        probs, indices = torch.topk(torch.softmax(rows.float(), dim=-1), self.k, dim=-1)
+        index = torch.tensor(list(last), dtype=torch.long)
+        self._next_tokens[index] = indices.to(device="cpu", dtype=torch.int32)
+        self._next_probs[index] = probs.to(device="cpu", dtype=torch.float16)
 
     def candidates(self, token: int) -> tuple[np.ndarray, np.ndarray]:
         """(next tokens, recorded probabilities) of ``token``, best first, empties dropped."""
