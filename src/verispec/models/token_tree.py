@@ -6,8 +6,8 @@ Two sources of candidates, both free of any model call:
   run on a node carrying that token (Token Recycling, Luo et al. 2024). Every target forward of the
   engine already computes logits at every scored node; ``update`` takes the top-k of their
   softmax (one ``torch.topk`` over (n, V)) and overwrites the rows of the scored tokens. The table persists
-  across requests: it describes the target, not one prompt. Memory: V x k x (4 + 2) bytes
-  (int32 ids + float16 probabilities), 2.4 MB for V = 49,152 and k = 8.
+  across requests: it describes the target, not one prompt. Memory: V x k x (8 + 4) bytes
+  (int64 ids + float32 probabilities), 4.7 MB for V = 49,152 and k = 8.
 * ``SuffixIndex``: copy candidates. The positions of every token and bigram of the context (prompt
   + generated text) are indexed; a lookup extends each recent occurrence of the context's last
   bigram (or token) backwards to its full match length, so the longest suffix match anywhere in
@@ -37,10 +37,12 @@ class AdjacencyTable:
             raise ConfigError(f"the adjacency table needs k >= 1 candidates per token, got {k}")
         self.vocab_size = int(vocab_size)
         self.k = min(int(k), self.vocab_size)  # a tiny vocabulary has fewer than k tokens
-        self.next_tokens = np.full((self.vocab_size, self.k), EMPTY, dtype=np.int32)
-        self.next_probs = np.zeros((self.vocab_size, self.k), dtype=np.float16)
-        # torch views of the same memory: ``update`` writes through them (a NumPy fancy assignment
-        # with its casts costs ~60 us right after a target forward, when its code is cold)
+        # int64 ids and float32 probabilities: the dtypes ``torch.topk`` writes, so ``update``
+        # writes a row in place (``out=``) through torch views of the same memory, with no
+        # index assignment or cast (each cost ~45 us right after a target forward, when its code
+        # is cold: a 30-layer forward evicts it)
+        self.next_tokens = np.full((self.vocab_size, self.k), EMPTY, dtype=np.int64)
+        self.next_probs = np.zeros((self.vocab_size, self.k), dtype=np.float32)
         self._next_tokens = torch.from_numpy(self.next_tokens)
         self._next_probs = torch.from_numpy(self.next_probs)
 
@@ -56,17 +58,16 @@ class AdjacencyTable:
 
         The top-k of the softmax, not of the logits: the same ids (exp is increasing) with their
         probabilities, in two torch kernels. This runs right after every target forward, when
-        every kernel's code is cold (a 30-layer forward evicts it): each extra pass (the former
-        logsumexp, its exp and subtraction, NumPy's casts) cost 20-60 us there, several times its
-        warm cost, so fewer distinct kernels beat cleverer ones."""
+        every kernel's code is cold: each extra pass (the former logsumexp, its exp and
+        subtraction, NumPy's casts and fancy assignment) cost 20-60 us there, several times its
+        warm cost, so the fewest distinct kernels win."""
         last = {int(token): node for node, token in enumerate(tokens) if token >= 0}
         if not last:
             return
         rows = logits if len(last) == logits.shape[0] else logits[list(last.values())]
-        probs, indices = torch.topk(torch.softmax(rows.float(), dim=-1), self.k, dim=-1)
-        index = torch.tensor(list(last), dtype=torch.long)
-        self._next_tokens[index] = indices.to(device="cpu", dtype=torch.int32)
-        self._next_probs[index] = probs.to(device="cpu", dtype=torch.float16)
+        probs = torch.softmax(rows.float(), dim=-1).cpu()  # the table lives on the CPU
+        for row, token in enumerate(last):
+            torch.topk(probs[row], self.k, out=(self._next_probs[token], self._next_tokens[token]))
 
     def candidates(self, token: int) -> tuple[np.ndarray, np.ndarray]:
         """(next tokens, recorded probabilities) of ``token``, best first, empties dropped."""
