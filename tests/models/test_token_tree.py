@@ -22,7 +22,7 @@ def test_adjacency_rows_are_the_latest_top_k_with_probabilities():
     assert len(tokens) == 0
     table.update([0], logits[:1])
     tokens, recorded = table.candidates(0)
-    assert tokens.tolist() == [1, 3] and recorded[0] > recorded[1]
+    assert tokens == [1, 3] and recorded[0] > recorded[1]
     assert table.nbytes == 5 * 2 * (8 + 4)
 
 

@@ -69,11 +69,12 @@ class AdjacencyTable:
         for row, token in enumerate(last):
             torch.topk(probs[row], self.k, out=(self._next_probs[token], self._next_tokens[token]))
 
-    def candidates(self, token: int) -> tuple[np.ndarray, np.ndarray]:
-        """(next tokens, recorded probabilities) of ``token``, best first, empties dropped."""
-        row = self.next_tokens[token]
-        known = row >= 0
-        return row[known], self.next_probs[token][known].astype(np.float64)
+    def candidates(self, token: int) -> tuple[list[int], list[float]]:
+        """(next tokens, recorded probabilities) of ``token``, best first, empties dropped (lists:
+        the drafter reads them one by one, and two ``tolist`` calls cost less than NumPy masks)."""
+        ids = self.next_tokens[token].tolist()
+        known = ids.index(EMPTY) if EMPTY in ids else len(ids)  # a row is filled from its start
+        return ids[:known], self.next_probs[token].tolist()[:known]
 
 
 @dataclass(frozen=True)
