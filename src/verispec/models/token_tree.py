@@ -38,13 +38,22 @@ class AdjacencyTable:
         self.vocab_size = int(vocab_size)
         self.k = min(int(k), self.vocab_size)  # a tiny vocabulary has fewer than k tokens
         # int64 ids and float32 probabilities: the dtypes ``torch.topk`` writes, so ``update``
-        # writes a row in place (``out=``) through torch views of the same memory, with no
-        # index assignment or cast (each cost ~45 us right after a target forward, when its code
-        # is cold: a 30-layer forward evicts it)
-        self.next_tokens = np.full((self.vocab_size, self.k), EMPTY, dtype=np.int64)
-        self.next_probs = np.zeros((self.vocab_size, self.k), dtype=np.float32)
-        self._next_tokens = torch.from_numpy(self.next_tokens)
-        self._next_probs = torch.from_numpy(self.next_probs)
+        # writes a row in place (``out=``), with no index assignment or cast (each cost ~45 us
+        # right after a target forward, when its code is cold: a 30-layer forward evicts it).
+        # The tensors are the only storage; ``next_tokens`` / ``next_probs`` are NumPy views made
+        # on each read, so a copied table (copy.deepcopy) stays one table, not two halves.
+        self._next_tokens = torch.full((self.vocab_size, self.k), EMPTY, dtype=torch.int64)
+        self._next_probs = torch.zeros((self.vocab_size, self.k), dtype=torch.float32)
+
+    @property
+    def next_tokens(self) -> np.ndarray:
+        """(V, k) int64 next token ids, EMPTY where never seen (a view of the table)."""
+        return self._next_tokens.numpy()
+
+    @property
+    def next_probs(self) -> np.ndarray:
+        """(V, k) float32 probabilities recorded with them (a view of the table)."""
+        return self._next_probs.numpy()
 
     @property
     def nbytes(self) -> int:
