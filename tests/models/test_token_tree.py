@@ -2,6 +2,8 @@
 latest scored row per token with its probability; the suffix index finds the longest earlier
 match of the context's suffix (checked against brute force, matches longer than 3 included)."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -22,8 +24,19 @@ def test_adjacency_rows_are_the_latest_top_k_with_probabilities():
     assert len(tokens) == 0
     table.update([0], logits[:1])
     tokens, recorded = table.candidates(0)
-    assert tokens.tolist() == [1, 3] and recorded[0] > recorded[1]
-    assert table.nbytes == 5 * 2 * (4 + 2)
+    assert tokens == [1, 3] and recorded[0] > recorded[1]
+    assert table.nbytes == 5 * 2 * (8 + 4)
+
+
+def test_a_copied_adjacency_table_records_into_itself_only():
+    """update writes through torch tensors and the NumPy arrays are views of them: a deep copy (the
+    batch benchmark copies a warmed table per configuration) must read what it recorded itself."""
+    table = AdjacencyTable(5, k=2)
+    table.update([1], torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0]]))
+    twin = copy.deepcopy(table)
+    twin.update([2], torch.tensor([[4.0, 0.0, 0.0, 1.0, 0.0]]))
+    assert twin.candidates(2)[0] == [0, 3] and twin.candidates(1)[0] == [1, 3]
+    assert table.candidates(2)[0] == [] and table.candidates(1)[0] == [1, 3]
 
 
 def test_adjacency_needs_a_candidate():

@@ -213,12 +213,26 @@ def grow_tree(
         depths.append(depths[parent] + 1)
         if depths[node] < max_depth:
             push(node, expand(candidate, depths[node]))
-    # the best prefix: expected tokens per unit cost
-    expected = 1.0 + np.concatenate([[0.0], np.cumsum(scores[1:])])
-    ratios = expected / cost.table(len(tokens))
-    keep = int(np.argmax(ratios)) + 1  # nodes kept, root included
-    offered = CandidateTree(tuple(tokens), tuple(parents), tuple(classes), tuple(scores), float(expected[-1]))
+    keep, expected = best_prefix(scores, cost)
+    offered = CandidateTree(tuple(tokens), tuple(parents), tuple(classes), tuple(scores), expected)
     return offered.prefix(keep)
+
+
+def best_prefix(scores: Sequence[float], cost: CostTable) -> tuple[int, float]:
+    """(nodes kept, root included: the first maximum over prefixes of expected tokens per unit
+    cost, (1 + cumulative score) / cost(nodes); expected tokens of the whole order). In Python: at
+    most max_nodes + 1 entries, where NumPy's per-call cost exceeded the arithmetic (the same
+    sums, in the same order, as ``1 + np.cumsum``)."""
+    if len(scores) == 1:
+        return 1, 1.0
+    costs = cost.table(len(scores)).tolist()
+    keep, best, total = 1, 1.0 / costs[0], 0.0
+    for nodes in range(2, len(scores) + 1):
+        total += scores[nodes - 1]
+        ratio = (1.0 + total) / costs[nodes - 1]
+        if ratio > best:
+            keep, best = nodes, ratio
+    return keep, 1.0 + total
 
 
 def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int) -> bool:
@@ -230,9 +244,9 @@ def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int) -> bool
     so the round is plain decoding and growing the tree would be wasted work."""
     if max_nodes < 1:
         return True
-    costs = cost.table(1 + int(max_nodes))
-    bounds = (1.0 + np.arange(1, costs.size) * max(float(best_accept), 0.0)) / costs[1:]
-    return bool((bounds < 1.0 / costs[0]).all())
+    costs = cost.table(1 + int(max_nodes)).tolist()  # Python over <= 25 entries: cheaper than NumPy's calls
+    best, alone = max(float(best_accept), 0.0), 1.0 / costs[0]
+    return all((1.0 + nodes * best) / costs[nodes] < alone for nodes in range(1, len(costs)))
 
 
 @dataclass

@@ -116,12 +116,13 @@ class OnlineCostModel:
         self.buckets = size_bucket(max_tokens) + 1
         self.target_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]  # (n, seconds)
         self.overhead_readings = [deque(maxlen=self.window) for _ in range(self.buckets)]
-        self._estimates: tuple[float, np.ndarray, np.ndarray] | None = None  # unit, ratios; reset by record
+        self._estimates: tuple[float, np.ndarray, np.ndarray] | None = None  # unit, factors; reset by record
         # the table until the next reading, for the largest n_max asked (a smaller one is its
         # start): a round reads it several times (the size choice, the probe schedule, the
         # decision's prediction), every one the same
         self._table: np.ndarray | None = None
         self._stale = True  # a reading came after the last table (kept for ``standing_seconds``)
+        self._shape_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ``_shapes``
 
     # ----- feeding ----------------------------------------------------------------------------
     def record(self, scored_tokens: int, target_seconds: float, overhead_seconds: float) -> None:
@@ -158,33 +159,51 @@ class OnlineCostModel:
         largest = int(sizes.max(initial=1))
         return self._prior_table[sizes - 1] if largest <= self._prior_table.size else self.prior.table(largest)[sizes - 1]
 
-    def _log_ratios(self, readings, shape, unit: float) -> np.ndarray:
-        """Per bucket: median log(reading / (unit x shape(n))) with prior_weight zeros; NaN where unobserved."""
-        ratios = np.full(self.buckets, np.nan)
-        for bucket, found in enumerate(readings):
-            if found:
-                logs = [math.log(s / (unit * shape(n))) for n, s in found]
-                ratios[bucket] = median(logs + [0.0] * self.prior_weight)
-        return ratios
+    def _log_ratios(self, readings, shape, unit: float) -> list[float | None]:
+        """Per bucket: median log(reading / (unit x shape(n))) with prior_weight zeros; None where unobserved."""
+        zeros = [0.0] * self.prior_weight
+        return [median([math.log(s / (unit * shape(n))) for n, s in found] + zeros) if found else None for found in readings]
 
     @staticmethod
-    def _fill(ratios: np.ndarray) -> np.ndarray:
-        """Unobserved buckets from their observed neighbours (0 = the prior when none is observed)."""
-        observed = np.flatnonzero(~np.isnan(ratios))
-        if observed.size == 0:
-            return np.zeros_like(ratios)
-        index = np.arange(ratios.size)
-        return np.interp(index, observed, ratios[observed])  # constant beyond the outermost ones
+    def _fill(ratios: list[float | None]) -> list[float]:
+        """Unobserved buckets from their observed neighbours (0 = the prior when none is observed):
+        linear between them, constant beyond the outermost ones (``np.interp``'s arithmetic, in
+        Python: a dozen buckets, where NumPy's per-call cost dominated a round's bookkeeping)."""
+        observed = [bucket for bucket, ratio in enumerate(ratios) if ratio is not None]
+        if not observed:
+            return [0.0] * len(ratios)
+        filled = list(ratios)
+        first, last = observed[0], observed[-1]
+        for bucket in range(first):
+            filled[bucket] = ratios[first]
+        for bucket in range(last + 1, len(ratios)):
+            filled[bucket] = ratios[last]
+        for left, right in zip(observed, observed[1:]):
+            slope = (ratios[right] - ratios[left]) / (right - left)
+            for bucket in range(left + 1, right):
+                filled[bucket] = slope * (bucket - left) + ratios[left]
+        return filled
 
     def _current(self) -> tuple[float, np.ndarray, np.ndarray]:
-        """(unit, target log ratios, overhead log ratios) per bucket, recomputed after a reading."""
+        """(unit, target cost factors, overhead cost factors) per bucket: the exponentials of the
+        log ratios, recomputed after a reading."""
         if self._estimates is None:
             unit = self.unit_seconds()
             target_ratio = self._fill(self._log_ratios(self.target_readings, self._prior_of, unit))
             target_ratio[0] = 0.0  # bucket 0 is the unit itself
             overhead_ratio = self._fill(self._log_ratios(self.overhead_readings, _prior_overhead_of, unit))
-            self._estimates = (unit, target_ratio, overhead_ratio)
+            self._estimates = (unit, np.exp(target_ratio), np.exp(overhead_ratio))
         return self._estimates
+
+    def _shapes(self, n_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bucket, prior shape, prior overhead shape) of n = 1..n_max: fixed for a given n_max,
+        so computed once, not after every reading."""
+        if self._shape_cache is None or self._shape_cache[0].size < n_max:
+            sizes = np.arange(1, n_max + 1)
+            buckets = np.minimum(np.ceil(np.log2(sizes)).astype(int), self.buckets - 1)  # size_bucket, vectorised
+            self._shape_cache = (buckets, self._prior_shape(sizes), prior_overhead_shape(sizes))
+        buckets, shape, overhead = self._shape_cache
+        return buckets[:n_max], shape[:n_max], overhead[:n_max]
 
     def table(self, n_max: int) -> np.ndarray:
         """Predicted seconds of a round scoring n = 1..n_max tokens (target forward + overhead),
@@ -192,10 +211,9 @@ class OnlineCostModel:
         until the next reading)."""
         n_max = int(n_max)
         if self._stale or self._table is None or self._table.size < n_max:
-            unit, target_ratio, overhead_ratio = self._current()
-            sizes = np.arange(1, n_max + 1)
-            buckets = np.minimum(np.ceil(np.log2(sizes)).astype(int), self.buckets - 1)  # size_bucket, vectorised
-            table = unit * (self._prior_shape(sizes) * np.exp(target_ratio[buckets]) + prior_overhead_shape(sizes) * np.exp(overhead_ratio[buckets]))
+            unit, target_factor, overhead_factor = self._current()
+            buckets, shape, overhead = self._shapes(n_max)
+            table = unit * (shape * target_factor[buckets] + overhead * overhead_factor[buckets])
             table.setflags(write=False)
             self._table, self._stale = table, False
         return self._table[:n_max]

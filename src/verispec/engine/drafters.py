@@ -295,7 +295,7 @@ class TokenTreeDrafter:
         if found is None:
             ids, probs = self.adjacency.candidates(token)
             found = []
-            for next_token, prob in zip(ids.tolist(), probs.tolist()):
+            for next_token, prob in zip(ids, probs):
                 cls = ("adj", adjacency_bucket(prob))
                 found.append(Candidate(next_token, self._rate(cls), cls))
             self._adjacent_of[token] = found

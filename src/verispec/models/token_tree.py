@@ -4,10 +4,10 @@ Two sources of candidates, both free of any model call:
 
 * ``AdjacencyTable``: per token id, the target's top-k next tokens the last time the target was
   run on a node carrying that token (Token Recycling, Luo et al. 2024). Every target forward of the
-  engine already computes logits at every scored node; ``update`` takes their top-k (one
-  ``torch.topk`` over (n, V)) and overwrites the rows of the scored tokens. The table persists
-  across requests: it describes the target, not one prompt. Memory: V x k x (4 + 2) bytes
-  (int32 ids + float16 probabilities), 2.4 MB for V = 49,152 and k = 8.
+  engine already computes logits at every scored node; ``update`` takes the top-k of their
+  softmax (one ``torch.topk`` over (n, V)) and overwrites the rows of the scored tokens. The table persists
+  across requests: it describes the target, not one prompt. Memory: V x k x (8 + 4) bytes
+  (int64 ids + float32 probabilities), 4.7 MB for V = 49,152 and k = 8.
 * ``SuffixIndex``: copy candidates. The positions of every token and bigram of the context (prompt
   + generated text) are indexed; a lookup extends each recent occurrence of the context's last
   bigram (or token) backwards to its full match length, so the longest suffix match anywhere in
@@ -37,8 +37,23 @@ class AdjacencyTable:
             raise ConfigError(f"the adjacency table needs k >= 1 candidates per token, got {k}")
         self.vocab_size = int(vocab_size)
         self.k = min(int(k), self.vocab_size)  # a tiny vocabulary has fewer than k tokens
-        self.next_tokens = np.full((self.vocab_size, self.k), EMPTY, dtype=np.int32)
-        self.next_probs = np.zeros((self.vocab_size, self.k), dtype=np.float16)
+        # int64 ids and float32 probabilities: the dtypes ``torch.topk`` writes, so ``update``
+        # writes a row in place (``out=``), with no index assignment or cast (each cost ~45 us
+        # right after a target forward, when its code is cold: a 30-layer forward evicts it).
+        # The tensors are the only storage; ``next_tokens`` / ``next_probs`` are NumPy views made
+        # on each read, so a copied table (copy.deepcopy) stays one table, not two halves.
+        self._next_tokens = torch.full((self.vocab_size, self.k), EMPTY, dtype=torch.int64)
+        self._next_probs = torch.zeros((self.vocab_size, self.k), dtype=torch.float32)
+
+    @property
+    def next_tokens(self) -> np.ndarray:
+        """(V, k) int64 next token ids, EMPTY where never seen (a view of the table)."""
+        return self._next_tokens.numpy()
+
+    @property
+    def next_probs(self) -> np.ndarray:
+        """(V, k) float32 probabilities recorded with them (a view of the table)."""
+        return self._next_probs.numpy()
 
     @property
     def nbytes(self) -> int:
@@ -48,23 +63,27 @@ class AdjacencyTable:
     def update(self, tokens: Sequence[int], logits: torch.Tensor) -> None:
         """Record the top-k of ``logits`` (n, V) as the next tokens of ``tokens`` (n,); rows of
         tokens < 0 (an unset root) are skipped. When a token occurs at several nodes the last
-        row wins (the deepest, most recent context)."""
-        ids = np.asarray(tokens, dtype=np.int64)
-        keep = ids >= 0
-        if not keep.any():
-            return
-        rows = logits[torch.from_numpy(np.flatnonzero(keep))] if not keep.all() else logits
-        values, indices = torch.topk(rows.float(), self.k, dim=-1)
-        # p = exp(logit - logsumexp): only the top-k probabilities are needed, not the softmax
-        probs = torch.exp(values - torch.logsumexp(rows.float(), dim=-1, keepdim=True))
-        self.next_tokens[ids[keep]] = indices.numpy().astype(np.int32)
-        self.next_probs[ids[keep]] = probs.numpy().astype(np.float16)
+        row wins (the deepest, most recent context): only that row is read.
 
-    def candidates(self, token: int) -> tuple[np.ndarray, np.ndarray]:
-        """(next tokens, recorded probabilities) of ``token``, best first, empties dropped."""
-        row = self.next_tokens[token]
-        known = row >= 0
-        return row[known], self.next_probs[token][known].astype(np.float64)
+        The top-k of the softmax, not of the logits: the same ids (exp is increasing) with their
+        probabilities, in two torch kernels. This runs right after every target forward, when
+        every kernel's code is cold: each extra pass (the former logsumexp, its exp and
+        subtraction, NumPy's casts and fancy assignment) cost 20-60 us there, several times its
+        warm cost, so the fewest distinct kernels win."""
+        last = {int(token): node for node, token in enumerate(tokens) if token >= 0}
+        if not last:
+            return
+        rows = logits if len(last) == logits.shape[0] else logits[list(last.values())]
+        probs = torch.softmax(rows.float(), dim=-1).cpu()  # the table lives on the CPU
+        for row, token in enumerate(last):
+            torch.topk(probs[row], self.k, out=(self._next_probs[token], self._next_tokens[token]))
+
+    def candidates(self, token: int) -> tuple[list[int], list[float]]:
+        """(next tokens, recorded probabilities) of ``token``, best first, empties dropped (lists:
+        the drafter reads them one by one, and two ``tolist`` calls cost less than NumPy masks)."""
+        ids = self.next_tokens[token].tolist()
+        known = ids.index(EMPTY) if EMPTY in ids else len(ids)  # a row is filled from its start
+        return ids[:known], self.next_probs[token].tolist()[:known]
 
 
 @dataclass(frozen=True)
