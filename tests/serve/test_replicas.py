@@ -97,3 +97,40 @@ def test_submit_tries_every_replica_and_reports_the_shortest_retry():
 def test_bad_replica_counts_are_clear_errors(tiny_pair, tokenizer, replicas, max_batch, message):
     with pytest.raises(ConfigError, match=message):
         build_replicated_batches(tiny_pair[0], None, tokenizer, replicas, max_batch, 4)
+
+
+def test_the_default_is_one_replica_per_core_while_each_keeps_four_slots():
+    from verispec.serve.replicas import MIN_SLOTS_PER_REPLICA, default_replicas
+
+    assert MIN_SLOTS_PER_REPLICA == 4
+    assert default_replicas(8, cores=2) == 2  # the 2-core machine: 2 batches of 4
+    assert default_replicas(8, cores=16) == 2  # more cores than 4-slot batches: threads, not replicas
+    assert default_replicas(32, cores=16) == 8
+    assert default_replicas(8, cores=1) == default_replicas(3, cores=2) == 1
+    assert default_replicas(8, device="cuda", cores=8) == default_replicas(8, backend="llamacpp", cores=8) == 1
+
+
+def test_the_cli_resolves_the_default_replicas(monkeypatch):
+    """``verispec serve`` without --batch-replicas builds the server with ``default_replicas``'s count."""
+    import verispec.cli.generate as generate_cli
+    import verispec.cli.serve as serve_cli
+    import verispec.serve.launch as launch
+    import verispec.serve.replicas as replicas_module
+    from verispec.cli.main import main
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_build_server(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(replicas_module, "default_replicas", lambda max_batch, device, backend: 3)
+    monkeypatch.setattr(launch, "build_server", fake_build_server)
+    monkeypatch.setattr(generate_cli, "load_pair", lambda *a, **k: (None, None, None))
+    monkeypatch.setattr(serve_cli, "model_limits", lambda *a, **k: (4096, 100))
+    with pytest.raises(Stop):
+        main(["serve", "--port", "0", "--max-batch", "12", "--backend", "native"])
+    assert seen["replicas"] == 3

@@ -25,10 +25,10 @@ def add_serve_parser(sub, add_model_flags, int_list) -> None:
                             "workers: --workers threads decoding one request each")
     serve.add_argument("--max-batch", type=flags.int_at_least(1), default=8,
                        help="requests decoded together by the batch scheduler (default 8); more wait in the queue")
-    serve.add_argument("--batch-replicas", type=flags.int_at_least(1), default=1,
+    serve.add_argument("--batch-replicas", type=flags.int_at_least(1), default=None,
                        help="continuous batches side by side, each on its own thread over one set of weights; --max-batch and "
-                            "--max-queue are shared out between them (default 1; on CPUs where a second torch thread barely "
-                            "speeds up a forward, one replica per core serves more)")
+                            "--max-queue are shared out between them (default: one per core on a CPU, as long as each keeps 4 "
+                            "slots; 1 on a GPU or llama.cpp)")
     serve.add_argument("--workers", type=flags.int_at_least(1), default=1,
                        help="with --scheduler workers: parallel decodes, each with its own KV caches over one shared model")
     serve.add_argument("--max-queue", type=flags.int_at_least(1), default=8, help="requests waiting beyond the running ones; more get 429 + Retry-After")
@@ -107,6 +107,10 @@ def run_serve(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace,
         max_request_bytes=args.max_request_bytes,
     )
+    from verispec.serve.replicas import default_replicas
+
+    if args.batch_replicas is None:
+        args.batch_replicas = default_replicas(args.max_batch, args.device, args.backend)
     app, pool = build_server(target_model, draft, tokenizer, config, args.workers, args.max_queue, args.threads_per_worker,
                              args.backend, scheduler=args.scheduler, max_batch=args.max_batch, replicas=args.batch_replicas)
     check_default_rule(pool, config)
