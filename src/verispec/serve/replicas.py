@@ -28,7 +28,7 @@ def default_replicas(max_batch: int, device: str = "cpu", backend: str = "auto",
     """``--batch-replicas`` when not given: one replica per usable core on a CPU with torch, as long
     as each keeps ``MIN_SLOTS_PER_REPLICA`` of ``max_batch`` slots; 1 on a GPU (the replicas would
     share one device) and on llama.cpp (one context per replica, each with its own cache). Measured
-    on a 2-core Zen 5 (docs/numbers.md): 2 replicas x 1 torch thread served 1.05x / 1.18x the
+    on a 2-core Zen 5 (docs/numbers.md): 2 replicas x 1 torch thread served 1.05x / 1.24x the
     tokens of one batch x 1 thread at 4 / 8 clients, and one batch with 2 threads was the slowest."""
     if str(device) != "cpu" or backend == "llamacpp":
         return 1
