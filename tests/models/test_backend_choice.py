@@ -30,6 +30,11 @@ def test_a_cpu_without_native_bf16_runs_the_default_target_on_llamacpp(extra_ins
     assert choose_backend("default", None, "sd", cpuinfo=NO_BF16).backend == LLAMACPP
 
 
+def test_amx_is_read_from_the_amx_bf16_flag(extra_installed):
+    assert choose_backend(None, None, None, cpuinfo=BF16_NO_AMX + " amx_bf16").backend == TORCH
+    assert choose_backend(None, None, None, cpuinfo=BF16_NO_AMX + " amx_tile amx_int8").backend == LLAMACPP  # no bf16 tiles
+
+
 def test_an_amx_cpu_keeps_torch_for_every_command_and_length(extra_installed):
     for command in ("generate", "demo", "serve"):
         for length in (None, 8, 128, 4096):

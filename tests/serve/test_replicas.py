@@ -86,7 +86,7 @@ def test_submit_tries_every_replica_and_reports_the_shortest_retry():
             self.tried += 1
             raise QueueFull(self.retry)
 
-    replicas = [Full(3, 9), Full(1, 4), Full(2, 6)]
+    replicas = [Full(3, 6), Full(1, 9), Full(2, 4)]  # the least loaded is not the one that frees first
     with pytest.raises(QueueFull) as refused:
         ReplicatedBatches(replicas).submit(object())
     assert refused.value.retry_after == 4 and [r.tried for r in replicas] == [1, 1, 1]
