@@ -33,8 +33,8 @@ def add_serve_parser(sub, add_model_flags, int_list) -> None:
                        help="with --scheduler workers: parallel decodes, each with its own KV caches over one shared model")
     serve.add_argument("--max-queue", type=flags.int_at_least(1), default=8, help="requests waiting beyond the running ones; more get 429 + Retry-After")
     serve.add_argument("--threads-per-worker", type=flags.int_at_least(1), default=None,
-                       help="torch threads per worker, or of the batch (default: the cores this process may use divided "
-                            "among the workers, at least 1; all of them for the batch)")
+                       help="torch threads per worker, or per batch replica (default: the cores this process may use divided "
+                            "among the workers or the batch replicas, at least 1)")
     serve.add_argument("--request-timeout", type=flags.number_at_least(0, " seconds", strict=True), default=300.0,
                        help="seconds of decoding per request; then the answer so far is returned with finish_reason 'length'")
     serve.add_argument("--default-max-tokens", type=flags.int_at_least(1), default=256, help="max_tokens of chat requests that give none")
