@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from verispec.models.llamacpp import is_gguf_source, llamacpp_available
 
@@ -84,7 +83,7 @@ def choose_backend(
     ``max_new_tokens``: the answer's length bound (None: unknown, taken as long); ``prompt_tokens``:
     the prompts' mean length in tokens, or a function giving it (called only when the rule needs it:
     it tokenizes); None: unknown, the answer is taken as long for it."""
-    from verispec.models.default import fast_dtype_name
+    from verispec.models.default import fast_dtype_name, read_cpuinfo
 
     if is_gguf_source(target):  # a GGUF path only runs on llama.cpp
         return BackendChoice(LLAMACPP, "the target is a GGUF file")
@@ -97,7 +96,7 @@ def choose_backend(
         return BackendChoice(TORCH, "SPRINTER reads hidden states, which llama.cpp does not return")
     if not (draft in MODEL_FREE_DRAFTS or is_gguf_source(draft)):
         return BackendChoice(TORCH, f"the draft {str(draft)!r} runs on torch")
-    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    cpuinfo = read_cpuinfo() if cpuinfo is None else cpuinfo
     if fast_dtype_name(cpuinfo) != "bf16":
         return BackendChoice(LLAMACPP, "this CPU lacks native bf16: llama.cpp's quantized kernels are faster than torch fp32")
     if "amx_bf16" in cpuinfo.split():
@@ -110,10 +109,3 @@ def choose_backend(
             return BackendChoice(TORCH, f"native bf16 without AMX, {max_new_tokens} new tokens for a {prompt:.0f}-token "
                                         "prompt: torch bf16 prefills faster")
     return BackendChoice(LLAMACPP, "native bf16 without AMX and a long enough answer: llama.cpp decodes faster than torch bf16")
-
-
-def _read_cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:  # no /proc (not Linux): no flags known, as fast_dtype_name reads it
-        return ""

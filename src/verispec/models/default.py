@@ -130,6 +130,14 @@ def load_model(
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+def read_cpuinfo() -> str:
+    """The text of /proc/cpuinfo, or "" where there is none (not Linux): no CPU flags known."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def fast_dtype_name(cpuinfo: str | None = None, device: str | torch.device = "cpu") -> str:
     """The faster dtype for the default engine on this machine: "bf16" when the CPU has native
     bf16 dot products (AVX512-BF16 or AMX), else "fp32". Measured on an AVX2-only CPU
@@ -140,12 +148,7 @@ def fast_dtype_name(cpuinfo: str | None = None, device: str | torch.device = "cp
     fp32's exponent range, so no overflow as in fp16), else fp32."""
     if torch.device(device).type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return "fp32"
-    flags = set(cpuinfo.split())
+    flags = set((read_cpuinfo() if cpuinfo is None else cpuinfo).split())
     return "bf16" if any(flag in flags for flag in NATIVE_BF16_FLAGS) else "fp32"
 
 

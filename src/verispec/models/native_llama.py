@@ -207,8 +207,7 @@ class NativeLlamaRunner:
         if not (self.prepacked and other.prepacked) or self.model is not other.model:
             return False
         self.linears, self.head = other.linears, other.head
-        self._fused, self._fused_source = None, other
-        return True
+        return self.share_fused_from(other)
 
     def share_fused_from(self, other: "NativeLlamaRunner") -> bool:
         """Use ``other``'s stacked q|k|v and gate|up products (``fused_linears``), packed or not: they
@@ -221,7 +220,8 @@ class NativeLlamaRunner:
 
     def fused_linears(self) -> list[tuple["_FusedLinear", "_FusedLinear"]]:
         """Per layer, (q|k|v, gate|up): the products of the batched runner (``models.batch_runner``),
-        built at the first call, then kept (shared with runners that ``share_weights_from`` this one).
+        built at the first call, then kept (shared with runners that ``share_weights_from`` or
+        ``share_fused_from`` this one).
         A second copy of those weights (about 70 % of a layer's), paid only once batched forwards run:
         one call per stacked product instead of three and two is ~8 % of a batched forward
         (B = 4 trees of 5 nodes, bf16). The single-sequence forward keeps the separate products (the

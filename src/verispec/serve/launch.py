@@ -13,11 +13,11 @@ import time
 
 import uvicorn
 
+from verispec.core.threads import default_threads
 from verispec.errors import ConfigError
 from verispec.models.hf import HFModelAdapter
 from verispec.models.native_llama import NativeLlamaRunner
 from verispec.serve.app import create_app
-from verispec.core.threads import default_threads
 from verispec.serve.batching import BatchScheduler
 from verispec.serve.replicas import ReplicatedBatches
 from verispec.serve.requests import ServerConfig
