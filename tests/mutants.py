@@ -14,7 +14,9 @@ Equivalent mutants left out on purpose: where q(x) = 0 sits in the local order (
 +inf) never changes the law, since such tokens carry no draft mass and are never drafted.
 Traversal's zeroing of the removed tokens in Q_u on the support (verify/traversal.py, ``q_now[...]
 = 0``) is equivalent too: a child x is rejected only with a_u P_u(x) < Q_u(x), so the update sets
-P_u(x) = 0 and every later surplus at x is [0 - Q_u(x)]_+ = 0 whatever Q_u(x) holds.
+P_u(x) = 0 and every later surplus at x is [0 - Q_u(x)]_+ = 0 whatever Q_u(x) holds. The
+root-alone shortcut's bound written as a ratio, (1 + k a) / cost(k) < 1 / cost(1), is the gain
+form 1 + k a - cost(k) / cost(1) < 0 multiplied by cost(k) > 0: the same inequality.
 """
 
 from __future__ import annotations
@@ -667,6 +669,30 @@ MUTANTS += [
         "a round that scored a real tree also records its root candidates as shadow trials (counted twice)",
         (("engine/drafters.py", "if tree.num_nodes == 1 and self.shadow_trials else ()", "if self.shadow_trials else ()"),),
         (ACCEPTANCE_PRIOR,),
+    ),
+    Mutant(
+        "sibling_rank_ignored",
+        "every candidate is classed as the best sibling (a second-place adjacency candidate keeps its rank-0 rate)",
+        (("engine/drafters.py", "            rank = min(rank, SIBLING_RANKS - 1)", "            rank = 0"),),
+        ("tests/engine/test_sibling_ranks.py",),
+    ),
+    Mutant(
+        "merge_union_dropped",
+        "a token offered by a copy and the adjacency row keeps only its better source's rate",
+        (("engine/drafters.py", "            miss *= 1.0 - self._rate((*cls, rank))", "            miss = min(miss, 1.0 - self._rate((*cls, rank)))"),),
+        ("tests/engine/test_sibling_ranks.py",),
+    ),
+    Mutant(
+        "best_prefix_by_round_ratio",
+        "the tree keeps the prefix with the round's best tokens-per-cost ratio instead of the gain over plain decoding",
+        (("draft/tree_policy.py", "        gain = 1.0 + total - costs[nodes - 1] / plain", "        gain = (1.0 + total) / costs[nodes - 1] - 1.0 / plain"),),
+        ("tests/draft/test_tree_policy.py",),
+    ),
+    Mutant(
+        "batch_split_by_ratio",
+        "the batch budget keeps the prefix with the best tokens per second, not the gain over plain batched decoding",
+        (("engine/batch_budget.py", "    keep = int(np.argmax(expected - seconds * (batch / seconds[0])))", "    keep = int(np.argmax(expected / seconds))"),),
+        ("tests/engine/test_batch_budget.py",),
     ),
     Mutant(
         "cost_tables_kept_stale",

@@ -97,3 +97,17 @@ def test_root_alone_wins_bounds_every_size_not_just_the_first_node():
     assert not root_alone_wins(0.015, flat, 24)
     assert root_alone_wins(0.015, flat, 1)
     assert not root_alone_wins(0.03, flat, 1)
+
+
+def test_best_prefix_maximises_the_gain_over_plain_decoding_not_the_rounds_ratio():
+    """A nearly sure first node and a 0.4 second one, the second costing 0.3 of a plain step: the
+    round's own ratio stops at one node (1.99 / 1.0 > 2.39 / 1.3), the long-run rate keeps both
+    (2.39 - 1.3 > 1.99 - 1.0: the 0.4 tokens beat the 0.3 plain steps they cost)."""
+    from verispec.draft.tree_policy import best_prefix
+
+    step = CostCurve(((1, 1.0), (2, 1.0), (3, 1.3), (4, 4.0)), overhead=0.0)
+    assert best_prefix([1.0, 0.99, 0.4], step) == (3, pytest.approx(2.39))
+    assert best_prefix([1.0, 0.99, 0.2], step) == (2, pytest.approx(2.19))  # 0.2 < 0.3: not worth it
+    assert best_prefix([1.0, 0.1], CostCurve(((1, 1.0), (2, 1.2)), overhead=0.0)) == (1, pytest.approx(1.1))
+    # ties keep the smaller tree (the first maximum): 0.5 tokens for 0.5 plain steps
+    assert best_prefix([1.0, 0.5], CostCurve(((1, 1.0), (2, 1.5)), overhead=0.0))[0] == 1

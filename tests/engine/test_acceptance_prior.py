@@ -38,20 +38,21 @@ def confident_table(vocab: int = VOCAB) -> AdjacencyTable:
     return table
 
 
-def first_round_nodes(cost, prior_scale: float) -> int:
+def first_round_nodes(cost, prior_scale: float, prompt=PROMPT) -> int:
     drafter = TokenTreeDrafter(VOCAB, k=2, adjacency=confident_table(), prior_scale=prior_scale)
-    drafter.reset(PROMPT)
+    drafter.reset(prompt)
     return drafter.propose(cost=cost).num_nodes
 
 
 def test_estimates_scale_their_prior():
     optimistic, pessimistic = AcceptanceEstimates(), AcceptanceEstimates(prior_scale=0.0)
-    cls = ("adj", 7)
-    assert optimistic.rate(cls) == pytest.approx(0.9)
+    cls = ("adj", 7, 0)
+    shipped = AcceptanceEstimates.prior(cls)
+    assert optimistic.rate(cls) == pytest.approx(shipped)
     assert pessimistic.rate(cls) == 0.0  # no hit seen yet
     pessimistic.record([(cls, True)] * 4)
     assert pessimistic.rate(cls) == pytest.approx(4 / 8)  # hits / (trials + prior weight)
-    assert AcceptanceEstimates(prior_scale=0.5).rate(cls) == pytest.approx(0.45)
+    assert AcceptanceEstimates(prior_scale=0.5).rate(cls) == pytest.approx(shipped / 2)
     for bad in (-0.1, 1.5):
         with pytest.raises(ConfigError, match="prior_scale in \\[0, 1\\]"):
             AcceptanceEstimates(prior_scale=bad)
@@ -61,8 +62,11 @@ def test_llamacpp_prior_makes_a_fresh_first_round_root_only_and_torch_prior_does
     llama_cost = OnlineCostModel(prior_points=LlamaCppAdapter.cost_prior)
     assert LlamaCppAdapter.acceptance_prior_scale < 1.0
     assert first_round_nodes(llama_cost, LlamaCppAdapter.acceptance_prior_scale) == 1
-    # the optimistic prior on the same steep curve drafts at once (what the pessimistic one prevents)
-    assert first_round_nodes(llama_cost, 1.0) > 1
+    # the shipped prior on the same steep curve drafts at once where a long copy match continues
+    # (what the pessimistic one prevents)
+    long_repeat = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4]
+    assert first_round_nodes(llama_cost, 1.0, long_repeat) > 1
+    assert first_round_nodes(llama_cost, LlamaCppAdapter.acceptance_prior_scale, long_repeat) == 1
     assert first_round_nodes(OnlineCostModel(), 1.0) > 1  # torch: shipped curve, prior scale 1
 
 

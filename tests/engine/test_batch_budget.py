@@ -22,9 +22,12 @@ CHAIN_OFFER = [0.6 ** (i + 1) for i in range(24)]
 
 
 def random_tree(rng: np.random.Generator, cost, max_nodes: int = 24):
-    """A best-first tree from random candidates: 3 children per node with random acceptance."""
+    """A best-first tree from random candidates: 3 children per node with random acceptances that
+    sum to at most 1 (siblings exclude each other: the walk moves into one of them at most)."""
     def candidates():
-        return [Candidate(int(t), float(a), ("adj", 0)) for t, a in zip(rng.choice(50, 3, replace=False), rng.uniform(0, 1, 3))]
+        weights = rng.uniform(0, 1, 3)
+        accepts = weights / weights.sum() * rng.uniform(0, 1)
+        return [Candidate(int(t), float(a), ("adj", 0)) for t, a in zip(rng.choice(50, 3, replace=False), accepts)]
 
     return grow_tree(0, candidates(), lambda candidate, depth: candidates(), cost, max_nodes, 6)
 

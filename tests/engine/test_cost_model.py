@@ -247,8 +247,9 @@ def test_token_tree_shortcut_chooses_what_growing_would():
         cost = CostCurve(((1, 1.0), (2, 1.0 + (0.5 if step % 3 else 0.01)), (16, 3.0)), overhead=0.0)
         tree = drafter.propose(cost=cost)
         full = drafter.offered_tree(cost=cost)
-        ratios = [(1.0 + sum(full.scores[1:n])) / cost.table(full.num_nodes)[n - 1] for n in range(1, full.num_nodes + 1)]
-        keep = int(np.argmax(ratios)) + 1
+        table = cost.table(full.num_nodes)
+        gains = [1.0 + sum(full.scores[1:n]) - table[n - 1] / table[0] for n in range(1, full.num_nodes + 1)]
+        keep = int(np.argmax(gains)) + 1
         assert tree.tokens == full.tokens[:keep], step
         sizes.add(tree.num_nodes)
         logits = torch.tensor(generator.normal(size=(tree.num_nodes, 16)), dtype=torch.float32)

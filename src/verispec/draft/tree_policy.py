@@ -2,13 +2,14 @@
 
 Each round the draft offers candidate children for every node (copy continuations, adjacency
 top-k). A candidate edge gets an estimated acceptance probability from running hit rates per
-candidate *class* (source x bucket: copy by match length, adjacency by the target probability
-recorded in the table), and a node's score is the product of the estimates on its root path: the
+candidate *class* (source x bucket x rank: copy by match length, adjacency by the target probability
+recorded in the table, each by its rank among its siblings), and a node's score is the product of the estimates on its root path: the
 estimated probability that the q-free walk reaches it. The expected number of tokens a round emits
 is then 1 + the sum of the scores of the tree's nodes.
 
 Nodes are added best first (a child never scores above its parent, so every prefix of that order
-is a tree), and the round keeps the prefix that maximises expected tokens per second, where a cost
+is a tree), and the round keeps the prefix that maximises the expected tokens gained over plain
+decoding in the same time (``best_prefix``: the long-run rate, not the round's own), where a cost
 table gives the cost of a round scoring n tokens: the engine's online model
 (``engine.cost_model.OnlineCostModel``, seconds learned from past rounds, per-node overhead
 included) or a fixed ``CostCurve`` (relative to one token). When no candidate is worth its cost
@@ -76,9 +77,33 @@ def copy_bucket(match_len: int) -> int:
 
 
 ADJ_BOUNDS = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 0.95, 1.01)
-# prior hit rates of the classes: copy by match length, adjacency by recorded probability
-COPY_PRIOR = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75)
-ADJ_PRIOR = (0.02, 0.08, 0.2, 0.35, 0.55, 0.7, 0.8, 0.9)
+SIBLING_RANKS = 3  # a candidate's rank among its siblings: 0 (the best), 1, or 2 (the third or later)
+# Prior hit rates of the classes (source, bucket, rank): copy by match length, adjacency by the
+# probability recorded in the table, each by its rank among its siblings. Fitted on tuning prompts
+# (greedy and T = 0.6: ``benchmarks/acceptance_priors.py``, which prints this table): the rate at
+# which the q-free walk moved into a candidate of the class when it reached the candidate's parent.
+# The rank matters as much as the bucket: siblings exclude each other (the walk moves into at most
+# one), so an adjacency candidate recorded at 0.95 or more is right ~51% of the time as the best
+# sibling and ~12% in second place (usually below a copy continuation); a recorded probability
+# comes from another context, so it is optimistic, while a copy of a match longer than 15 tokens
+# continues ~94% of the time. The table is as fitted (2026-11-28, AMD EPYC Zen 5, bf16).
+ACCEPT_PRIOR: dict[tuple[str, int, int], float] = {
+    ('copy', 0, 0): 0.15, ('copy', 0, 1): 0.15, ('copy', 0, 2): 0.15,  # trials 0 / 0 / 0
+    ('copy', 1, 0): 0.28, ('copy', 1, 1): 0.11, ('copy', 1, 2): 0.11,  # trials 462 / 243 / 96
+    ('copy', 2, 0): 0.606, ('copy', 2, 1): 0.214, ('copy', 2, 2): 0.206,  # trials 503 / 40 / 5
+    ('copy', 3, 0): 0.694, ('copy', 3, 1): 0.376, ('copy', 3, 2): 0.219,  # trials 813 / 38 / 12
+    ('copy', 4, 0): 0.819, ('copy', 4, 1): 0.56, ('copy', 4, 2): 0.448,  # trials 753 / 9 / 1
+    ('copy', 5, 0): 0.837, ('copy', 5, 1): 0.621, ('copy', 5, 2): 0.621,  # trials 887 / 3 / 0
+    ('copy', 6, 0): 0.936, ('copy', 6, 1): 0.936, ('copy', 6, 2): 0.936,  # trials 840 / 0 / 0
+    ('adj', 0, 0): 0.01, ('adj', 0, 1): 0.01, ('adj', 0, 2): 0.01,  # trials 6 / 1297 / 18552
+    ('adj', 1, 0): 0.079, ('adj', 1, 1): 0.079, ('adj', 1, 2): 0.064,  # trials 348 / 1719 / 3614
+    ('adj', 2, 0): 0.163, ('adj', 2, 1): 0.147, ('adj', 2, 2): 0.147,  # trials 732 / 1248 / 590
+    ('adj', 3, 0): 0.236, ('adj', 3, 1): 0.212, ('adj', 3, 2): 0.196,  # trials 813 / 566 / 128
+    ('adj', 4, 0): 0.298, ('adj', 4, 1): 0.249, ('adj', 4, 2): 0.119,  # trials 707 / 234 / 38
+    ('adj', 5, 0): 0.341, ('adj', 5, 1): 0.14, ('adj', 5, 2): 0.08,  # trials 568 / 113 / 3
+    ('adj', 6, 0): 0.45, ('adj', 6, 1): 0.158, ('adj', 6, 2): 0.126,  # trials 559 / 77 / 1
+    ('adj', 7, 0): 0.512, ('adj', 7, 1): 0.118, ('adj', 7, 2): 0.094,  # trials 1092 / 192 / 1
+}
 
 
 def adjacency_bucket(prob: float) -> int:
@@ -89,11 +114,11 @@ def adjacency_bucket(prob: float) -> int:
 
 @dataclass
 class AcceptanceEstimates:
-    """Running hit rates of candidate classes ("copy", bucket) and ("adj", bucket): hits and
+    """Running hit rates of candidate classes ("copy", bucket, rank) and ("adj", bucket, rank): hits and
     trials since the start, with a prior worth ``prior_weight`` trials. A trial is a candidate
     child of a node the walk visited; a hit is the walk moving into it.
 
-    ``prior_scale`` scales the prior rates (COPY_PRIOR, ADJ_PRIOR): 1 for a target whose extra
+    ``prior_scale`` scales the prior rates (``ACCEPT_PRIOR``): 1 for a target whose extra
     tokens per forward are nearly free (torch's bf16 curve, where an optimistic start costs little),
     less for one whose forwards cost nearly linearly in their tokens (llama.cpp: the adapter's
     ``acceptance_prior_scale``), where optimism makes a fresh decoder's first trees cost several
@@ -106,9 +131,10 @@ class AcceptanceEstimates:
     trials: dict[tuple[str, int], float] = field(default_factory=dict)
 
     @staticmethod
-    def prior(cls: tuple[str, int]) -> float:
-        source, bucket = cls
-        return (COPY_PRIOR if source == "copy" else ADJ_PRIOR)[bucket]
+    def prior(cls: tuple) -> float:
+        """The prior rate of ``cls`` = (source, bucket, rank); (source, bucket) means rank 0."""
+        source, bucket, *rank = cls
+        return ACCEPT_PRIOR[(source, bucket, rank[0] if rank else 0)]
 
     def __post_init__(self):
         if not 0.0 <= self.prior_scale <= 1.0 or self.prior_weight < 0:
@@ -185,8 +211,8 @@ def grow_tree(
     max_depth: int,
 ) -> CandidateTree:
     """Best-first tree over candidates: ``expand(candidate, depth)`` lists the children of a node
-    added for ``candidate`` at ``depth``. Keeps the prefix of the best-first order maximising
-    (1 + sum of scores) / cost(1 + nodes); ``offered`` holds the whole order."""
+    added for ``candidate`` at ``depth``. Keeps the prefix of the best-first order that
+    ``best_prefix`` chooses; ``offered`` holds the whole order."""
     tokens, parents, classes, scores = [root_token], [-1], [None], [1.0]
     depths = [0]
     heap: list[tuple[float, int, int, Candidate]] = []
@@ -219,19 +245,31 @@ def grow_tree(
 
 
 def best_prefix(scores: Sequence[float], cost: CostTable) -> tuple[int, float]:
-    """(nodes kept, root included: the first maximum over prefixes of expected tokens per unit
-    cost, (1 + cumulative score) / cost(nodes); expected tokens of the whole order). In Python: at
-    most max_nodes + 1 entries, where NumPy's per-call cost exceeded the arithmetic (the same
-    sums, in the same order, as ``1 + np.cumsum``)."""
+    """(nodes kept, root included: the first maximum over prefixes of the expected tokens gained
+    over plain decoding in the same time, (1 + cumulative score) - cost(nodes) / cost(1); expected
+    tokens of the whole order).
+
+    Why a difference and not the ratio (1 + cumulative score) / cost(nodes): the goal is the
+    long-run rate, total tokens over total time, and a round that maximises its own ratio is
+    too timid on a round whose first nodes are nearly sure (its ratio is already high, so a
+    further node must beat it) and too bold on a weak one. The long-run optimum keeps a node
+    while its score exceeds its extra cost times the rate the decoder could reach otherwise
+    (renewal-reward; Dinkelbach); that rate is at least plain decoding's, 1 / cost(1), which is
+    the rate used here: no state, and on the tuning prompts' replayed rounds it did as well as the
+    decoder's own running rate (``benchmarks/acceptance_priors.py --replay``).
+
+    In Python: at most max_nodes + 1 entries, where NumPy's per-call cost exceeded the arithmetic
+    (the same sums, in the same order, as ``1 + np.cumsum``)."""
     if len(scores) == 1:
         return 1, 1.0
     costs = cost.table(len(scores)).tolist()
-    keep, best, total = 1, 1.0 / costs[0], 0.0
+    plain = costs[0]
+    keep, best, total = 1, 0.0, 0.0  # the root alone gains nothing over plain decoding
     for nodes in range(2, len(scores) + 1):
         total += scores[nodes - 1]
-        ratio = (1.0 + total) / costs[nodes - 1]
-        if ratio > best:
-            keep, best = nodes, ratio
+        gain = 1.0 + total - costs[nodes - 1] / plain
+        if gain > best:
+            keep, best = nodes, gain
     return keep, 1.0 + total
 
 
@@ -239,14 +277,14 @@ def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int) -> bool
     """Whether ``grow_tree`` would keep the root alone, known before growing anything: every node's
     score is a product of acceptances <= 1, so none exceeds ``best_accept``, the best root
     candidate's, and a tree of k nodes expects at most 1 + (k - 1) x best_accept tokens. When that
-    bound, per unit of cost, stays strictly below the root alone's 1 / cost(1) for every k up to
-    1 + max_nodes, no prefix of the best-first order can win (grow_tree keeps the first maximum),
-    so the round is plain decoding and growing the tree would be wasted work."""
+    bound's gain over plain decoding (``best_prefix``) stays strictly below the root alone's, 0,
+    for every k up to 1 + max_nodes, no prefix of the best-first order can win (grow_tree keeps
+    the first maximum), so the round is plain decoding and growing the tree would be wasted work."""
     if max_nodes < 1:
         return True
     costs = cost.table(1 + int(max_nodes)).tolist()  # Python over <= 25 entries: cheaper than NumPy's calls
-    best, alone = max(float(best_accept), 0.0), 1.0 / costs[0]
-    return all((1.0 + nodes * best) / costs[nodes] < alone for nodes in range(1, len(costs)))
+    best, plain = max(float(best_accept), 0.0), costs[0]
+    return all(1.0 + nodes * best - costs[nodes] / plain < 0.0 for nodes in range(1, len(costs)))
 
 
 @dataclass

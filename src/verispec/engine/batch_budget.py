@@ -4,19 +4,21 @@ A batched round has ONE target forward over every sequence's tree, so its cost i
 the total number of tokens scored, T, summed over the sequences: ``seconds(T)``, predicted by one
 ``OnlineCostModel`` for the batched forward (the batch's own: total scored tokens -> seconds of the
 flush, plus the round's drafting and verification of all sequences as overhead). The default
-policy, ``split_scored_tokens``, shares T out by expected tokens per unit of that cost:
+policy, ``split_scored_tokens``, shares T out by expected tokens against that cost:
 
 * every running sequence offers its candidate draft tokens in best-first order with their
   estimated reach probabilities (a token tree's node scores: the estimated probability that the
   walk reaches the node; each node's expected contribution to the tokens the round emits);
 * all offers are merged best first (ties: lower sequence first, then the sequence's own order, so
   every sequence keeps a prefix of its order: a tree), and the round keeps the global prefix
-  maximising (sum over sequences of expected tokens) / seconds(T), T = B + nodes kept (each
-  sequence's root is always scored) + the tokens other sequences already queued (a prefill);
+  maximising the expected tokens gained over plain batched decoding in the same time, (sum over
+  sequences of expected tokens) - seconds(T) x B / seconds(T0), T = B + nodes kept (each
+  sequence's root is always scored) + the tokens other sequences already queued (a prefill), T0
+  the same without nodes (the long-run rate, as ``draft.tree_policy.best_prefix``);
 * each sequence drafts its share of that prefix.
 
 With one sequence this is exactly the single-sequence choice of ``draft.tree_policy.grow_tree``
-(expected tokens / cost of the prefix, first maximum). With many, a forward over B roots already
+(``best_prefix``: the gain over plain decoding, first maximum). With many, a forward over B roots already
 costs more, each extra node adds the same seconds but only one sequence's gain, so the trees
 shrink and speculation turns off by itself once no candidate is worth its cost; the sequences
 with the most promising candidates (a long copy match) get the tokens. The offers and the cost
@@ -105,8 +107,8 @@ class BatchRoundDecision:
 
 def split_scored_tokens(offers: Sequence[Sequence[float]], cost: CostTable, fixed_tokens: int = 0) -> BatchRoundDecision:
     """The global best-first prefix of ``offers`` (per sequence: its candidate nodes' estimated
-    reach probabilities, best first, root excluded) maximising expected tokens / ``cost`` of the
-    whole forward (see the module docstring). ``cost.table(n)``: seconds of a batched round scoring
+    reach probabilities, best first, root excluded) maximising the expected tokens gained over plain
+    batched decoding in the same time (see the module docstring). ``cost.table(n)``: seconds of a batched round scoring
     1..n tokens in total."""
     batch = len(offers)
     if batch == 0:
@@ -120,7 +122,9 @@ def split_scored_tokens(offers: Sequence[Sequence[float]], cost: CostTable, fixe
     expected = batch + np.concatenate([[0.0], np.cumsum(gains)])
     base = fixed_tokens + batch  # the roots (and queued tokens) are scored whatever the split
     seconds = np.asarray(cost.table(base + len(entries)), dtype=float)[base - 1:]
-    keep = int(np.argmax(expected / seconds))
+    # expected tokens gained over plain batched decoding in the same time (batch tokens per
+    # seconds[0]): draft.tree_policy.best_prefix's rule, of which one sequence is the special case
+    keep = int(np.argmax(expected - seconds * (batch / seconds[0])))
     nodes = [1] * batch
     for _, owner, _ in entries[:keep]:
         nodes[owner] += 1

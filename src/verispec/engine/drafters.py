@@ -15,8 +15,8 @@ import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
 from verispec.draft.tree_policy import (
-    AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, RestSchedule, adjacency_bucket, copy_bucket, grow_tree,
-    root_alone_wins,
+    SIBLING_RANKS, AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, RestSchedule, adjacency_bucket,
+    copy_bucket, grow_tree, root_alone_wins,
 )
 from verispec.errors import ConfigError
 from verispec.models.token_tree import AdjacencyTable, SuffixIndex
@@ -286,40 +286,61 @@ class TokenTreeDrafter:
         return rate
 
     def _copy(self, start: int, match_len: int):
+        """A copy candidate, classed by its match length only (``_merge`` adds its rank)."""
         cls = ("copy", copy_bucket(match_len))
-        return Candidate(self.index.context[start], self._rate(cls), cls, start, match_len)
+        return Candidate(self.index.context[start], self._rate((*cls, 0)), cls, start, match_len)
 
     def _adjacent(self, token: int) -> list[Candidate]:
-        """The adjacency row of ``token`` as candidates, in the table's order (cached for the round)."""
+        """The adjacency row of ``token`` as candidates, in the table's order, classed by recorded
+        probability only (``_merge`` adds the rank; cached for the round)."""
         found = self._adjacent_of.get(token)
         if found is None:
             ids, probs = self.adjacency.candidates(token)
             found = []
             for next_token, prob in zip(ids, probs):
                 cls = ("adj", adjacency_bucket(prob))
-                found.append(Candidate(next_token, self._rate(cls), cls))
+                found.append(Candidate(next_token, self._rate((*cls, 0)), cls))
             self._adjacent_of[token] = found
         return found
 
     def _merge(self, copies, token: int):
-        """Copy candidates plus the adjacency row of ``token``; a token offered by both keeps
-        the copy state and the better class, and is accepted if either source would be right
-        (1 - (1 - a)(1 - b), an optimistic union)."""
+        """The children of a node: copy candidates plus the adjacency row of ``token``, ranked.
+
+        Siblings exclude each other (the walk moves into at most one), so how likely a candidate is
+        right depends on what it competes with: its class is (source, bucket, rank), the rank its
+        place among its siblings by their rank-0 rates (``SIBLING_RANKS``: 0, 1, or 2 for the
+        rest), and its estimate that class's rate. A token offered by both sources (the first copy
+        offering it keeps its copy state) is right if either source would be, 1 - (1 - a)(1 - b)
+        over the two classes' rates (an optimistic union), and is classed by the likelier one."""
         if not copies and token in self._children_of:
             return self._children_of[token]
-        merged = {c.token: c for c in copies}
-        for candidate in self._adjacent(token):
-            known = merged.get(candidate.token)
+        sources: dict[int, tuple[Candidate, list]] = {}  # token -> (candidate, its unranked classes)
+        for candidate in [*copies, *self._adjacent(token)]:
+            known = sources.get(candidate.token)
             if known is None:
-                merged[candidate.token] = candidate
-            else:
-                rate = candidate.accept
-                union = 1.0 - (1.0 - known.accept) * (1.0 - rate)
-                merged[candidate.token] = replace(known, accept=union, cls=known.cls if known.accept >= rate else candidate.cls)
-        children = sorted(merged.values(), key=lambda c: -c.accept)
+                sources[candidate.token] = (candidate, [candidate.cls])
+            elif candidate.cls[0] not in (cls[0] for cls in known[1]):
+                known[1].append(candidate.cls)
+        base = sorted(sources.values(), key=lambda entry: -self._union(entry[1], 0))
+        children = []
+        for rank, (candidate, classes) in enumerate(base):
+            rank = min(rank, SIBLING_RANKS - 1)
+            ranked = [(*cls, rank) for cls in classes]
+            best = max(ranked, key=self._rate)
+            children.append(replace(candidate, accept=self._union(classes, rank), cls=best))
+        children.sort(key=lambda c: -c.accept)
         if not copies:
             self._children_of[token] = children
         return children
+
+    def _union(self, classes, rank: int) -> float:
+        """1 - prod(1 - rate) over ``classes`` (unranked) at ``rank``."""
+        if len(classes) == 1:
+            return self._rate((*classes[0], rank))
+        miss = 1.0
+        for cls in classes:
+            miss *= 1.0 - self._rate((*cls, rank))
+        return 1.0 - miss
 
     def _expand(self, candidate, depth: int):
         context = self.index.context
