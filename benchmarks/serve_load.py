@@ -5,10 +5,12 @@
                                     [--method sd -L 4] [--worker-memory 1,2,3]
     python benchmarks/serve_load.py --compare 1,2,4,8 [--per-client 3] [--repeats 2] [--max-tokens 32]
                                     [--batch-replicas 2 --batch-threads 1] [--batch-layouts 1x2,2x1]
+                                    [--workers-draft ngram --workers-method sd]
 
 ``--compare``: both servers (``--workers`` worker threads of 1 torch thread each, and the continuous
 batch with ``--batch-threads``, in ``--batch-replicas`` batches side by side; ``--batch-layouts``
-starts one batch server per REPLICASxTHREADS item instead) up at once; per client count, rounds of ``clients x --per-client``
+starts one batch server per REPLICASxTHREADS item instead) up at once (``--workers-draft ngram``: the
+worker server with the n-gram draft and ``sd``, as the server decoded before continuous batching); per client count, rounds of ``clients x --per-client``
 streamed requests alternate between them (A B, B A, ...); prints throughput (tokens/s), latency p50 /
 p95 and time to first token p50 per scheduler (median [min-max] over ``--repeats``), the 429s and
 the answers that differ from the same request alone (all repeats), the ratios to the workers, and the same checks (complete or 429, none lost, every answer equal to the same
@@ -101,6 +103,8 @@ def start_server(args, workers: int, port: int, scheduler: str | None = None, la
                "-K", str(args.num_drafts), "-L", str(args.draft_len), "--shutdown-grace", "5"]
     if args.method:
         command += ["--method", args.method]
+    if scheduler == "workers" and args.workers_draft:  # e.g. the server as it was: n-gram draft, sd
+        command += ["--draft", args.workers_draft, "--method", args.workers_method or "sd"]
     if scheduler == "batch":
         command += ["--batch-replicas", str(replicas)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -289,7 +293,8 @@ def compare(args) -> int:
             urls[name] = f"http://127.0.0.1:{port}"
             references[name] = references_of(urls[name], args)
         differ = [key for key in references["workers"] if any(references["workers"][key] != references[name][key] for name in names[1:])]
-        print(f"verispec serve load, compare: workers ({args.workers} x 1 torch thread) vs continuous batching as "
+        workers_rule = f", draft {args.workers_draft} and rule {args.workers_method or 'sd'} L={args.draft_len}" if args.workers_draft else ""
+        print(f"verispec serve load, compare: workers ({args.workers} x 1 torch thread{workers_rule}) vs continuous batching as "
               f"replicas x torch threads each {', '.join(names[1:])} (max {args.max_batch} in all), server default rule {args.method or 'qfree (token trees)'}, "
               f"{args.dtype}, max_tokens {args.max_tokens}, {args.per_client} requests per client per round, "
               f"{args.repeats} repeats interleaved, all streamed; half greedy, half seeded at T=0.7")
@@ -355,6 +360,10 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--method", default=None, help="the server's --method (default: the server's own, qfree)")
     parser.add_argument("--scheduler", default="batch", choices=["batch", "workers"])
+    parser.add_argument("--workers-draft", default=None,
+                        help="the worker server's draft instead of the default (ngram: the server before continuous "
+                             "batching, with --workers-method, default sd)")
+    parser.add_argument("--workers-method", default=None, help="with --workers-draft: the worker server's rule (default sd)")
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--batch-threads", type=int, default=2, help="torch threads of the batch (the workers get 1 each)")
     parser.add_argument("--batch-replicas", type=int, default=1, help="continuous batches side by side in the batch server")
