@@ -15,7 +15,8 @@ A forward is *submitted* per slot and run for all submitted slots at once by ``f
   (1, M, hidden) matrix (M = total new tokens), so a weight read serves every sequence and no
   padding token is multiplied;
 * padded for attention only: queries are scattered to (B, kv_heads, group, N, head_dim) with N
-  the largest request; keys are read from the slots over S entries: the slots' whole buffers
+  the largest padded request (a request much larger than the others, e.g. a prompt joining a batch
+  of small trees, attends on its own over its slot's [0, length + n) keys instead: ``attended_alone``); keys are read from the slots over S entries: the slots' whole buffers
   (S = capacity, a view: no copy) while the capacity is at most ``WHOLE_BUFFER_SLACK`` times E,
   the largest cache length after the forward, else their first E entries (copied); an additive
   (B * kv_heads, group * N, S) bias, built once per forward, holds each sequence's own pattern
@@ -59,6 +60,26 @@ from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate
 # Attention reads the slots' whole key buffers (no copy) while their capacity is at most this
 # multiple of the longest cache; past it, it copies the [0, E) prefix (``_attention_keys``).
 WHOLE_BUFFER_SLACK = 1.5
+# What one slot attended on its own costs beyond its rows, in padded query rows (``attended_alone``):
+# B = 4, bf16, ~300 keys: a padded query row ~3.5 us per layer, a slot's own products ~75 us + ~3 us a row.
+ALONE_CALL_ROWS = 24
+
+
+def attended_alone(sizes: Sequence[int], call_rows: float = ALONE_CALL_ROWS) -> frozenset[int]:
+    """The requests (indices into ``sizes``, each request's new tokens) whose attention runs on its
+    own rather than padded with the others': the largest ones, as many as make the estimated cost
+    least. Padded, every slot pays for the largest remaining request's rows (B x N query rows); a
+    request on its own pays its rows plus ``call_rows``. A prompt joining a batch of small trees
+    (141 rows next to 15, 12, 18) padded cost 5 ms per layer (bf16, B = 4) against 0.8 ms this way;
+    small trees of similar sizes stay padded (one call for all)."""
+    order = sorted(range(len(sizes)), key=lambda row: -sizes[row])
+    batch, keep, best, spent = len(sizes), 0, len(sizes) * sizes[order[0]], 0.0
+    for k in range(1, batch):
+        spent += sizes[order[k - 1]] + call_rows
+        cost = batch * sizes[order[k]] + spent
+        if cost < best:
+            keep, best = k, cost
+    return frozenset(order[:keep])
 
 
 def _grouped_attention(queries, keys, values, bias) -> torch.Tensor:
@@ -239,16 +260,22 @@ class BatchedLlamaRunner:
         """Tokens the queued forwards will score together."""
         return sum(len(request.input_ids) for request in self._requests.values())
 
-    def _mask(self, slots: list[int], requests: list[_Request], width: int, end: int) -> torch.Tensor:
+    def _allowed(self, slot: int, request: _Request) -> torch.Tensor:
+        """(n, length + n) bool: the request's attention pattern over its slot (None: causal)."""
+        if request.allowed is not None:
+            return request.allowed
+        n, start = len(request.input_ids), self.lengths[slot]
+        return torch.ones(n, start + n, dtype=torch.bool).tril(start)
+
+    def _mask(self, slots: list[int], requests: list[_Request], width: int, end: int, alone=frozenset()) -> torch.Tensor:
         """(B, 1, width, end) bool: each request's own pattern over its own slot; padded query rows
-        see entry 0 only (never a fully masked row)."""
+        (all of an ``alone`` request's: it attends on its own) see entry 0 only (never a fully masked row)."""
         mask = torch.zeros(len(slots), 1, width, end, dtype=torch.bool)
         for row, (slot, request) in enumerate(zip(slots, requests)):
-            n, start = len(request.input_ids), self.lengths[slot]
-            allowed = request.allowed
-            if allowed is None:  # causal over the whole cache
-                allowed = torch.ones(n, start + n, dtype=torch.bool).tril(start)
-            mask[row, 0, :n, : start + n] = allowed
+            n = 0 if row in alone else len(request.input_ids)
+            if n:
+                allowed = self._allowed(slot, request)
+                mask[row, 0, :n, : allowed.shape[1]] = allowed
             mask[row, 0, n:, 0] = True
         return mask.to(self.base.param.device)
 
@@ -269,19 +296,28 @@ class BatchedLlamaRunner:
         requests = [self._requests[slot] for slot in slots]
         sizes = [len(r.input_ids) for r in requests]
         starts = [self.lengths[slot] for slot in slots]
-        width = max(sizes)
         end = max(start + n for start, n in zip(starts, sizes))
         self.kv.reserve(end, used=max(self.lengths))
         device = base.param.device
+        heads, kv_heads, head_dim = base.num_heads, base.num_kv_heads, base.head_dim
+        group = heads // kv_heads
+        single = len(slots) == 1  # a batch of one: slice writes, and no mask where the solo runner needs none
+        # requests attended on their own (a joining prompt beside small trees); the others padded together
+        alone = frozenset() if single else attended_alone(sizes, ALONE_CALL_ROWS)
+        padded_sizes = [0 if row in alone else n for row, n in enumerate(sizes)]
+        width = max(padded_sizes)
+        # every request padded and of one size: (B, N) is a plain view of the packed rows
+        uniform = not alone and min(sizes) == width
         # where each packed input goes: its request row, its index in the request, its cache slot and entry
-        rows = torch.tensor([row for row, n in enumerate(sizes) for _ in range(n)], device=device)
-        offsets = torch.tensor([i for n in sizes for i in range(n)], device=device)
+        rows = torch.tensor([row for row, n in enumerate(padded_sizes) for _ in range(n)], device=device)
+        offsets = torch.tensor([i for n in padded_sizes for i in range(n)], device=device)
+        firsts = [sum(sizes[:row]) for row in range(len(sizes))]
+        padded_inputs = None if not alone else torch.tensor(
+            [firsts[row] + i for row, n in enumerate(padded_sizes) for i in range(n)], device=device)
         slot_of = torch.tensor([slot for slot, n in zip(slots, sizes) for _ in range(n)], device=device)
         entry_of = torch.tensor([start + i for start, n in zip(starts, sizes) for i in range(n)], device=device)
-        uniform = min(sizes) == width  # every request has the same size: (B, N) is a plain view of the packed rows
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
         slot_index = None if contiguous else torch.tensor(slots, device=device)
-        single = len(slots) == 1  # a batch of one: slice writes, and no mask where the solo runner needs none
         # keys the padded attention reads per slot: the whole buffers (a contiguous view) or the
         # first ``end`` entries, copied (contiguous operands: ``_grouped_attention``)
         whole = contiguous and self.kv.capacity <= WHOLE_BUFFER_SLACK * end
@@ -289,15 +325,17 @@ class BatchedLlamaRunner:
         if single and requests[0].allowed is None and width == 1:
             mask = None  # one query that sees the whole cache
         else:
-            mask = self._mask(slots, requests, width, end if single else span)
-        heads, kv_heads, head_dim = base.num_heads, base.num_kv_heads, base.head_dim
-        group = heads // kv_heads
+            mask = self._mask(slots, requests, width, end if single else span, alone)
         bias = None if single else self._key_bias(mask, kv_heads, group)
+        # each request attended on its own: (first packed input, inputs, slot, keys it reads, its bias)
+        own = [(firsts[row], sizes[row], slots[row], starts[row] + sizes[row],
+                self._key_bias(self._allowed(slots[row], requests[row])[None, None].to(device), kv_heads, group))
+               for row in sorted(alone)]
         body = base.model.model
         hidden = body.embed_tokens(torch.tensor([[t for r in requests for t in r.input_ids]], device=device))
         cos, sin = body.rotary_emb(hidden, torch.tensor([[p for r in requests for p in r.positions]], device=device))
         cos, sin = cos[0][:, None], sin[0][:, None]  # (M, 1, head_dim)
-        total, batch = len(rows), len(slots)
+        total, batch = sum(sizes), len(slots)
         capture = {i for r in requests if r.features is not None for i in r.features}
         captured: dict[int, torch.Tensor] = {}  # layer index -> (M, hidden) inputs of that layer, packed
         fused = base.fused_linears()
@@ -335,14 +373,23 @@ class BatchedLlamaRunner:
                     queries = q.new_empty(batch, kv_heads, group, width, head_dim)
                     torch.mul(q.view(batch, width, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4), base.scaling, out=queries)
                 else:
+                    scaled = (q * base.scaling).view(total, kv_heads, group, head_dim)
                     queries = q.new_zeros(batch, kv_heads, group, width, head_dim)
-                    queries[rows, :, :, offsets] = (q * base.scaling).view(total, kv_heads, group, head_dim)
+                    queries[rows, :, :, offsets] = scaled if padded_inputs is None else scaled[padded_inputs]
                 out = _grouped_attention(queries.view(batch * kv_heads, group * width, head_dim), keys, values, bias)
                 out = out.view(batch, kv_heads, group, width, head_dim)
                 if uniform:
                     out = out.permute(0, 3, 1, 2, 4).reshape(total, heads * head_dim)
-                else:  # (M, kv_heads, group, head_dim): each packed input's own row
+                elif not alone:  # (M, kv_heads, group, head_dim): each packed input's own row
                     out = out[rows, :, :, offsets].reshape(total, heads * head_dim)
+                else:  # the padded requests' rows, then each alone request's own attention over its slot
+                    out = q.new_empty(total, kv_heads, group, head_dim).index_copy_(0, padded_inputs, out[rows, :, :, offsets])
+                    for first, n, slot, keys_end, own_bias in own:
+                        own_queries = scaled[first : first + n].permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
+                        own_out = _grouped_attention(own_queries, key_cache[slot, :, :keys_end].contiguous()[None],
+                                                     value_cache[slot, :, :keys_end].contiguous()[None], own_bias)
+                        out[first : first + n] = own_out.view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3)
+                    out = out.view(total, heads * head_dim)
             hidden = hidden + linears[3](out[None])  # o_proj
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             gate, up = gate_up_proj(x).chunk(2, dim=-1)
