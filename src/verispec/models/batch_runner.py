@@ -189,14 +189,7 @@ class BatchedLlamaRunner:
         return runner
 
     def _grow_slots(self, slots: int) -> None:
-        grown = self._buffers(slots)
-        used = max(self.lengths, default=0)
-        if self.kv.capacity:
-            grown.reserve(self.kv.capacity, used=0)
-            with torch.no_grad():
-                for old, new in zip(self.kv.keys + self.kv.values, grown.keys + grown.values):
-                    new[: old.shape[0], :, :used] = old[:, :, :used]
-        self.kv = grown
+        self.kv = self.kv.with_slots(slots, used=max(self.lengths, default=0))
 
     @torch.no_grad()
     def close(self, runner: SlotRunner) -> None:
@@ -210,8 +203,8 @@ class BatchedLlamaRunner:
         self._features.pop(slot, None)
         if slot != last:  # the last slot moves here: its entries, its queued forward or result, its runner
             length = self.lengths[last]
-            for cache in self.kv.keys + self.kv.values:
-                cache[slot, :, :length] = cache[last, :, :length]
+            if length:
+                self.kv.copy_slot(last, slot, length)
             for queue in (self._requests, self._results, self._features):
                 if last in queue:
                     queue[slot] = queue.pop(last)
@@ -414,11 +407,7 @@ class BatchedLlamaRunner:
         """Keep ``slot``'s entries [0, length) followed by its entries at indices ``moved`` (copied down)."""
         if slot in self._requests:
             raise ConfigError(f"slot {slot} has a forward queued; flush before truncating its cache")
-        if len(moved):
-            index = torch.tensor(list(moved), dtype=torch.long, device=self.base.param.device)
-            end = length + len(moved)
-            for cache in self.kv.keys + self.kv.values:
-                # index_select copies first, so overlapping source and destination are safe.
-                cache[slot, :, length:end] = cache[slot].index_select(1, index)
-            length = end
-        self.lengths[slot] = length
+        moved = list(moved)
+        if moved != list(range(length, length + len(moved))):  # entries already in place need no copy
+            self.kv.move_entries(slot, length, torch.tensor(moved, dtype=torch.long, device=self.base.param.device))
+        self.lengths[slot] = length + len(moved)
