@@ -15,8 +15,9 @@ A forward is *submitted* per slot and run for all submitted slots at once by ``f
   (1, M, hidden) matrix (M = total new tokens), so a weight read serves every sequence and no
   padding token is multiplied;
 * padded for attention only: queries are scattered to (B, kv_heads, group, N, head_dim) with N
-  the largest padded request (a request much larger than the others, e.g. a prompt joining a batch
-  of small trees, attends on its own over its slot's [0, length + n) keys instead: ``attended_alone``); keys are read from the slots over S entries: the slots' whole buffers
+  the largest padded request. Requests much larger than the others (a prompt joining a batch of
+  small trees; prompts prefilled together) attend on their own instead, each over its slot's
+  [0, length + n) keys, where the estimated cost is less (``attended_alone``); keys are read from the slots over S entries: the slots' whole buffers
   (S = capacity, a view: no copy) while the capacity is at most ``WHOLE_BUFFER_SLACK`` times E,
   the largest cache length after the forward, else their first E entries (copied); an additive
   (B * kv_heads, group * N, S) bias, built once per forward, holds each sequence's own pattern
@@ -60,23 +61,28 @@ from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate
 # Attention reads the slots' whole key buffers (no copy) while their capacity is at most this
 # multiple of the longest cache; past it, it copies the [0, E) prefix (``_attention_keys``).
 WHOLE_BUFFER_SLACK = 1.5
-# What one slot attended on its own costs beyond its rows, in padded query rows (``attended_alone``):
-# B = 4, bf16, ~300 keys: a padded query row ~3.5 us per layer, a slot's own products ~75 us + ~3 us a row.
-ALONE_CALL_ROWS = 24
+# What attending one request on its own costs beyond its products, in (query row x key) units of
+# the attention's products (``attended_alone``): bf16, one thread, ~0.018 us per row and key padded
+# or not, ~75 us per call.
+ALONE_CALL_KEYS = 4000
 
 
-def attended_alone(sizes: Sequence[int], call_rows: float = ALONE_CALL_ROWS) -> frozenset[int]:
+def attended_alone(sizes: Sequence[int], key_lengths: Sequence[int], span: int, call_keys: float = ALONE_CALL_KEYS) -> frozenset[int]:
     """The requests (indices into ``sizes``, each request's new tokens) whose attention runs on its
     own rather than padded with the others': the largest ones, as many as make the estimated cost
-    least. Padded, every slot pays for the largest remaining request's rows (B x N query rows); a
-    request on its own pays its rows plus ``call_rows``. A prompt joining a batch of small trees
-    (141 rows next to 15, 12, 18) padded cost 5 ms per layer (bf16, B = 4) against 0.8 ms this way;
-    small trees of similar sizes stay padded (one call for all)."""
-    order = sorted(range(len(sizes)), key=lambda row: -sizes[row])
-    batch, keep, best, spent = len(sizes), 0, len(sizes) * sizes[order[0]], 0.0
-    for k in range(1, batch):
-        spent += sizes[order[k - 1]] + call_rows
-        cost = batch * sizes[order[k]] + spent
+    least (possibly all). Padded, every one of the B slots pays the largest remaining request's rows
+    over the ``span`` keys read per slot (B x N x span); a request on its own pays its rows over its
+    own ``key_lengths`` (its cache after the forward) plus ``call_keys``. A prompt joining a batch of
+    small trees (141 rows next to 15, 12, 18) cost 2-5 ms per layer padded (bf16, B = 4) against 0.8 ms
+    this way, and 4 prompts prefilled together 3.7 ms against 2.8; small trees of similar sizes stay
+    padded (one call for all)."""
+    batch = len(sizes)
+    order = sorted(range(batch), key=lambda row: -sizes[row])
+    keep, best, spent = 0, batch * sizes[order[0]] * span, 0.0
+    for k in range(1, batch + 1):
+        row = order[k - 1]
+        spent += sizes[row] * key_lengths[row] + call_keys
+        cost = spent + (batch * sizes[order[k]] * span if k < batch else 0)
         if cost < best:
             keep, best = k, cost
     return frozenset(order[:keep])
@@ -295,10 +301,16 @@ class BatchedLlamaRunner:
         heads, kv_heads, head_dim = base.num_heads, base.num_kv_heads, base.head_dim
         group = heads // kv_heads
         single = len(slots) == 1  # a batch of one: slice writes, and no mask where the solo runner needs none
-        # requests attended on their own (a joining prompt beside small trees); the others padded together
-        alone = frozenset() if single else attended_alone(sizes, ALONE_CALL_ROWS)
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        slot_index = None if contiguous else torch.tensor(slots, device=device)
+        # keys the padded attention reads per slot: the whole buffers (a contiguous view) or the
+        # first ``end`` entries, copied (contiguous operands: ``_grouped_attention``)
+        whole = contiguous and self.kv.capacity <= WHOLE_BUFFER_SLACK * end
+        span = self.kv.capacity if whole else end
+        # requests attended on their own (prompts, a joining prompt beside small trees); the others padded together
+        alone = frozenset() if single else attended_alone(sizes, [a + n for a, n in zip(starts, sizes)], span, ALONE_CALL_KEYS)
         padded_sizes = [0 if row in alone else n for row, n in enumerate(sizes)]
-        width = max(padded_sizes)
+        width = max(padded_sizes)  # 0: every request attends on its own
         # every request padded and of one size: (B, N) is a plain view of the packed rows
         uniform = not alone and min(sizes) == width
         # where each packed input goes: its request row, its index in the request, its cache slot and entry
@@ -306,20 +318,14 @@ class BatchedLlamaRunner:
         offsets = torch.tensor([i for n in padded_sizes for i in range(n)], device=device)
         firsts = [sum(sizes[:row]) for row in range(len(sizes))]
         padded_inputs = None if not alone else torch.tensor(
-            [firsts[row] + i for row, n in enumerate(padded_sizes) for i in range(n)], device=device)
+            [firsts[row] + i for row, n in enumerate(padded_sizes) for i in range(n)], dtype=torch.long, device=device)
         slot_of = torch.tensor([slot for slot, n in zip(slots, sizes) for _ in range(n)], device=device)
         entry_of = torch.tensor([start + i for start, n in zip(starts, sizes) for i in range(n)], device=device)
-        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-        slot_index = None if contiguous else torch.tensor(slots, device=device)
-        # keys the padded attention reads per slot: the whole buffers (a contiguous view) or the
-        # first ``end`` entries, copied (contiguous operands: ``_grouped_attention``)
-        whole = contiguous and self.kv.capacity <= WHOLE_BUFFER_SLACK * end
-        span = self.kv.capacity if whole else end
-        if single and requests[0].allowed is None and width == 1:
-            mask = None  # one query that sees the whole cache
+        if (single and requests[0].allowed is None and width == 1) or not width:
+            mask = None  # one query that sees the whole cache, or no padded attention
         else:
             mask = self._mask(slots, requests, width, end if single else span, alone)
-        bias = None if single else self._key_bias(mask, kv_heads, group)
+        bias = None if single or not width else self._key_bias(mask, kv_heads, group)
         # each request attended on its own: (first packed input, inputs, slot, keys it reads, its bias)
         own = [(firsts[row], sizes[row], slots[row], starts[row] + sizes[row],
                 self._key_bias(self._allowed(slots[row], requests[row])[None, None].to(device), kv_heads, group))
@@ -353,30 +359,33 @@ class BatchedLlamaRunner:
                     enable_gqa=heads != kv_heads,
                 ).transpose(1, 2).reshape(total, heads * head_dim)
             else:
-                if whole:
-                    keys, values = key_cache[slots[0] : slots[0] + batch], value_cache[slots[0] : slots[0] + batch]
-                elif slot_index is None:
-                    keys = key_cache[slots[0] : slots[0] + batch, :, :end].contiguous()
-                    values = value_cache[slots[0] : slots[0] + batch, :, :end].contiguous()
-                else:
-                    keys = key_cache[:, :, :end].index_select(0, slot_index)
-                    values = value_cache[:, :, :end].index_select(0, slot_index)
-                # (B, kv_heads, group, N, head_dim), scaled: each kv head's queries in a row, padded rows zero
-                if uniform:
-                    queries = q.new_empty(batch, kv_heads, group, width, head_dim)
-                    torch.mul(q.view(batch, width, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4), base.scaling, out=queries)
-                else:
-                    scaled = (q * base.scaling).view(total, kv_heads, group, head_dim)
-                    queries = q.new_zeros(batch, kv_heads, group, width, head_dim)
-                    queries[rows, :, :, offsets] = scaled if padded_inputs is None else scaled[padded_inputs]
-                out = _grouped_attention(queries.view(batch * kv_heads, group * width, head_dim), keys, values, bias)
-                out = out.view(batch, kv_heads, group, width, head_dim)
+                scaled = None if uniform else (q * base.scaling).view(total, kv_heads, group, head_dim)
+                if width:  # the padded requests: (B, kv_heads, group, N, head_dim), scaled, padded rows zero
+                    if whole:
+                        keys, values = key_cache[slots[0] : slots[0] + batch], value_cache[slots[0] : slots[0] + batch]
+                    elif slot_index is None:
+                        keys = key_cache[slots[0] : slots[0] + batch, :, :end].contiguous()
+                        values = value_cache[slots[0] : slots[0] + batch, :, :end].contiguous()
+                    else:
+                        keys = key_cache[:, :, :end].index_select(0, slot_index)
+                        values = value_cache[:, :, :end].index_select(0, slot_index)
+                    if uniform:  # each kv head's queries in a row
+                        queries = q.new_empty(batch, kv_heads, group, width, head_dim)
+                        torch.mul(q.view(batch, width, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4), base.scaling, out=queries)
+                    else:
+                        queries = q.new_zeros(batch, kv_heads, group, width, head_dim)
+                        queries[rows, :, :, offsets] = scaled if padded_inputs is None else scaled[padded_inputs]
+                    out = _grouped_attention(queries.view(batch * kv_heads, group * width, head_dim), keys, values, bias)
+                    out = out.view(batch, kv_heads, group, width, head_dim)
                 if uniform:
                     out = out.permute(0, 3, 1, 2, 4).reshape(total, heads * head_dim)
                 elif not alone:  # (M, kv_heads, group, head_dim): each packed input's own row
                     out = out[rows, :, :, offsets].reshape(total, heads * head_dim)
                 else:  # the padded requests' rows, then each alone request's own attention over its slot
-                    out = q.new_empty(total, kv_heads, group, head_dim).index_copy_(0, padded_inputs, out[rows, :, :, offsets])
+                    padded_out = out[rows, :, :, offsets] if width else None
+                    out = q.new_empty(total, kv_heads, group, head_dim)
+                    if width:
+                        out.index_copy_(0, padded_inputs, padded_out)
                     for first, n, slot, keys_end, own_bias in own:
                         own_queries = scaled[first : first + n].permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
                         own_out = _grouped_attention(own_queries, key_cache[slot, :, :keys_end].contiguous()[None],
