@@ -4,7 +4,9 @@ Three sequences of different lengths (3, 9, 17 tokens) go through the same steps
 ``NativeLlamaRunner`` each) and together (one ``BatchedLlamaRunner``, one forward per step):
 a packed prefill, a draft tree per sequence (different shapes, so the attention is padded), a
 commit of a path (entries moved down per slot), single-token steps, a slot closed in the middle
-(the last slot moves into it) and a sequence joining while the others decode. Measured maxima of
+(the last slot moves into it), a sequence joining while the others decode and a long prompt joining
+beside a small tree (its attention runs on its own: ``attended_alone``; with ``call_keys`` 0 every
+request runs on its own in every step). Measured maxima of
 |batched - solo| over the logits: float64 0.0 (asserted < 1e-12), fp32 2.4e-7 (asserted < 1e-4,
 logits of scale ~10): the batched products run over more rows and may round differently.
 """
@@ -34,9 +36,20 @@ def tree_request(cached: int, tokens, parents):
     return [cached + d for d in depths], allowed
 
 
-def run_both(dtype, whole_buffers=True):
-    """(largest |batched - solo| over every step's logits, number of compared rows)."""
+def run_both(dtype, whole_buffers=True, call_keys=batch_runner.ALONE_CALL_KEYS, decisions=None):
+    """(largest |batched - solo| over every step's logits, number of compared rows); ``decisions``
+    collects (requests, requests attended alone) of every batched forward."""
     batch_runner.WHOLE_BUFFER_SLACK = float("inf") if whole_buffers else 0.0
+    batch_runner.ALONE_CALL_KEYS = call_keys
+    if decisions is not None:
+        choose = batch_runner.attended_alone
+
+        def spy(sizes, *args):
+            alone = choose(sizes, *args)
+            decisions.append((len(sizes), len(alone)))
+            return alone
+
+        batch_runner.attended_alone = spy
     model = tiny_llama(3, vocab_size=6).to(dtype)
     solo = [NativeLlamaRunner(model) for _ in PROMPTS]
     batch = BatchedLlamaRunner(solo[0], initial_slots=2)  # 3 sequences: the slots grow once
@@ -84,27 +97,53 @@ def run_both(dtype, whole_buffers=True):
     solo.append(NativeLlamaRunner(model))
     slots.append(batch.open())
     step({1: ([2, 2], [lengths[1], lengths[1] + 1], None, 2), 2: ([5], [lengths[2]], None, 1), 3: ([1, 2, 3, 4], [0, 1, 2, 3], None, 1)})
+    lengths[1] += 2
+    lengths[2] += 1
+    # a long prompt joins beside a tree and a single step: padded, every slot would pay its 40 rows
+    solo.append(NativeLlamaRunner(model))
+    slots.append(batch.open())
+    long_prompt = [(5 * i + 2) % 6 for i in range(40)]
+    step({1: ([0, 2, 1], *tree_request(lengths[1], [2, 1], [0, 1]), 3), 2: ([3], [lengths[2]], None, 1),
+          3: ([2], [4], None, 1), 4: (long_prompt, list(range(40)), None, 40)})
     return max(errors), rows
 
 
 @pytest.fixture
 def restore_slack():
-    slack = batch_runner.WHOLE_BUFFER_SLACK
+    slack, call_keys, choose = batch_runner.WHOLE_BUFFER_SLACK, batch_runner.ALONE_CALL_KEYS, batch_runner.attended_alone
     yield
-    batch_runner.WHOLE_BUFFER_SLACK = slack
+    batch_runner.WHOLE_BUFFER_SLACK, batch_runner.ALONE_CALL_KEYS, batch_runner.attended_alone = slack, call_keys, choose
 
 
+@pytest.mark.parametrize("call_keys", [batch_runner.ALONE_CALL_KEYS, 0])
 @pytest.mark.parametrize("whole_buffers", [True, False])
-def test_batched_rows_equal_solo_rows_float64(whole_buffers, restore_slack):
-    error, rows = run_both(torch.float64, whole_buffers)
-    assert rows > 20
+def test_batched_rows_equal_solo_rows_float64(whole_buffers, call_keys, restore_slack):
+    decisions = []
+    error, rows = run_both(torch.float64, whole_buffers, call_keys, decisions)
+    assert rows > 60
     assert error < 1e-12
+    if call_keys:  # padded, all alone (the prompts) and mixed (the long prompt beside the others) forwards
+        assert {alone == 0 for _, alone in decisions} == {True, False} and any(0 < a < n for n, a in decisions)
+    else:
+        assert all(alone == n for n, alone in decisions)
 
 
+@pytest.mark.parametrize("call_keys", [batch_runner.ALONE_CALL_KEYS, 0])
 @pytest.mark.parametrize("whole_buffers", [True, False])
-def test_batched_rows_equal_solo_rows_fp32(whole_buffers, restore_slack):
-    error, _ = run_both(torch.float32, whole_buffers)
+def test_batched_rows_equal_solo_rows_fp32(whole_buffers, call_keys, restore_slack):
+    error, _ = run_both(torch.float32, whole_buffers, call_keys)
     assert error < 1e-4
+
+
+def test_attended_alone_takes_the_largest_requests_when_padding_costs_more():
+    alone = batch_runner.attended_alone
+    assert alone([2, 2, 2, 2], [302, 282, 262, 322], 512) == set()  # similar small trees: one padded call
+    assert alone([8, 4, 2, 2], [308, 284, 262, 322], 322) == set()
+    assert alone([25, 1, 1, 1], [325, 281, 261, 321], 325) == {0}
+    assert alone([15, 141, 12, 18], [215, 141, 192, 238], 238) == {1}  # a joining prompt beside small trees
+    assert alone([222, 191, 161, 213], [222, 191, 161, 213], 256) == {0, 1, 2, 3}  # prompts: each its own
+    assert alone([5], [20], 32) == set()
+    assert alone([3, 1], [40, 40], 64, call_keys=0) == {0, 1}
 
 
 def test_bad_use_is_a_clear_error():

@@ -46,3 +46,25 @@ def test_buffers_follow_like_and_refuse_a_zero_minimum():
     assert buffers.keys[0] is not buffers.values[0]
     with pytest.raises(ValueError, match="min_capacity must be >= 1"):
         KVBuffers(1, 1, 2, torch.zeros(1), min_capacity=0)
+
+
+def test_moves_copy_every_layer_keys_and_values_of_one_slot():
+    """``move_entries`` / ``copy_slot`` / ``with_slots`` act on the one stacked tensor: every layer's keys
+    and values at once, the named slot only."""
+    buffers = KVBuffers(2, 1, 2, torch.zeros(1, dtype=torch.float64), min_capacity=8, slots=2)
+    buffers.reserve(8, used=0)
+    for layer, (key, value) in enumerate(zip(buffers.keys, buffers.values)):
+        key.copy_(torch.arange(2 * 8 * 2, dtype=torch.float64).view(2, 1, 8, 2) + 100 * layer)
+        value.copy_(-key)
+    before = [cache.clone() for cache in buffers.keys + buffers.values]
+    buffers.move_entries(1, 2, torch.tensor([5, 3]))  # slot 1: entries 5, 3 -> 2, 3
+    for cache, old in zip(buffers.keys + buffers.values, before):
+        assert torch.equal(cache[0], old[0])
+        assert torch.equal(cache[1, :, 2:4], old[1, :, [5, 3]]) and torch.equal(cache[1, :, :2], old[1, :, :2])
+    buffers.copy_slot(1, 0, 3)
+    for cache in buffers.keys + buffers.values:
+        assert torch.equal(cache[0, :, :3], cache[1, :, :3])
+    grown = buffers.with_slots(4, used=6)
+    assert grown.capacity == 8 and grown.slots == 4
+    for new, old in zip(grown.keys + grown.values, buffers.keys + buffers.values):
+        assert torch.equal(new[:2, :, :6], old[:, :, :6]) and not new[:2, :, 6:].any() and not new[2:].any()

@@ -7,7 +7,10 @@ buffer with spare room avoids a ``torch.cat`` copy of the whole cache per forwar
 needs more room the capacity doubles (amortised O(1) copies per entry).
 
 The owner keeps the number of valid entries and writes/truncates them itself; ``reserve`` only
-makes room and carries the first ``used`` entries over.
+makes room and carries the first ``used`` entries over. All buffers are views of ONE tensor
+(``stacked``: keys and values of every layer), so moving entries (a commit's accepted path, a
+batch slot taking another's place) is one copy for the whole cache, not one per layer and kind:
+``move_entries``, ``copy_slot``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class KVBuffers:
         self.like = like
         self.min_capacity = int(min_capacity)
         self.slots = int(slots)
+        # (2, layers, slots, kv heads, capacity, head_dim): keys then values; ``keys[i]`` / ``values[i]``
+        # are its (contiguous) views of layer i
+        self.stacked: torch.Tensor | None = None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
@@ -50,10 +56,36 @@ class KVBuffers:
         capacity = max(self.min_capacity, capacity)
         while capacity < needed:
             capacity *= 2
-        shape = (self.slots, self.num_kv_heads, capacity, self.head_dim)
-        new_keys = [self.like.new_zeros(shape) for _ in range(self.num_layers)]
-        new_values = [self.like.new_zeros(shape) for _ in range(self.num_layers)]
-        with torch.no_grad():
-            for old, new in zip(self.keys + self.values, new_keys + new_values):
-                new[:, :, :used] = old[:, :, :used]
-        self.keys, self.values = new_keys, new_values
+        stacked = self.like.new_zeros((2, self.num_layers, self.slots, self.num_kv_heads, capacity, self.head_dim))
+        if self.stacked is not None and used:
+            with torch.no_grad():
+                stacked[..., :used, :] = self.stacked[..., :used, :]
+        self._use(stacked)
+
+    def _use(self, stacked: torch.Tensor) -> None:
+        self.stacked = stacked
+        self.keys, self.values = list(stacked[0].unbind(0)), list(stacked[1].unbind(0))
+
+    @torch.no_grad()
+    def move_entries(self, slot: int, length: int, moved: torch.Tensor) -> None:
+        """Copy the entries at indices ``moved`` (long) of ``slot`` to [length, length + len(moved)),
+        in every layer, keys and values (index_select copies first: overlapping ranges are safe)."""
+        cache = self.stacked[:, :, slot]  # (2, layers, kv heads, capacity, head_dim)
+        cache[..., length : length + len(moved), :] = cache.index_select(3, moved)
+
+    @torch.no_grad()
+    def copy_slot(self, source: int, target: int, length: int) -> None:
+        """Copy ``source``'s entries [0, length) into slot ``target``, every layer, keys and values."""
+        self.stacked[:, :, target, :, :length] = self.stacked[:, :, source, :, :length]
+
+    def with_slots(self, slots: int, used: int) -> "KVBuffers":
+        """New buffers with ``slots`` slots and this capacity, the existing slots' entries [0, used) copied."""
+        grown = KVBuffers(self.num_layers, self.num_kv_heads, self.head_dim, self.like, self.min_capacity, slots)
+        if self.stacked is not None:
+            shape = list(self.stacked.shape)
+            shape[2] = slots
+            stacked = self.like.new_zeros(shape)
+            with torch.no_grad():
+                stacked[:, :, : self.slots, :, :used] = self.stacked[:, :, :, :, :used]
+            grown._use(stacked)
+        return grown

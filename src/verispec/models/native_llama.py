@@ -382,11 +382,7 @@ class NativeLlamaRunner:
     @torch.no_grad()
     def keep_entries(self, length: int, moved: Sequence[int] = ()) -> None:
         """Keep cache entries [0, length) followed by the entries at indices ``moved`` (copied down)."""
-        if len(moved):
-            index = torch.tensor(moved, dtype=torch.long, device=self.param.device)
-            end = length + len(moved)
-            for cache in self.kv.keys + self.kv.values:
-                # index_select copies first, so overlapping source and destination are safe.
-                cache[:, :, length:end] = cache.index_select(2, index)
-            length = end
-        self.length = length
+        moved = list(moved)
+        if moved != list(range(length, length + len(moved))):  # entries already in place need no copy
+            self.kv.move_entries(0, length, torch.tensor(moved, dtype=torch.long, device=self.param.device))
+        self.length = length + len(moved)
