@@ -677,6 +677,13 @@ MUTANTS += [
         ("tests/engine/test_sibling_ranks.py",),
     ),
     Mutant(
+        "sibling_rank_by_learned_rates",
+        "siblings are ranked by their learned rates (all 0 under a zero prior, so ties rank them by arrival)",
+        (("engine/drafters.py", "        base = sorted(sources.values(), key=lambda entry: -_prior_union(entry[1]))",
+          "        base = sorted(sources.values(), key=lambda entry: -self._union(entry[1], 0))"),),
+        ("tests/engine/test_sibling_ranks.py",),
+    ),
+    Mutant(
         "merge_union_dropped",
         "a token offered by a copy and the adjacency row keeps only its better source's rate",
         (("engine/drafters.py", "            miss *= 1.0 - self._rate((*cls, rank))", "            miss = min(miss, 1.0 - self._rate((*cls, rank)))"),),

@@ -63,3 +63,18 @@ def test_the_prior_table_is_complete_and_never_favours_a_worse_sibling():
             assert all(0.0 < r < 1.0 for r in rates)
             assert rates == sorted(rates, reverse=True), (source, bucket)
     assert len(ACCEPT_PRIOR) == (7 + 8) * SIBLING_RANKS
+
+
+def test_ranks_come_from_the_shipped_priors_even_when_nothing_was_learned():
+    """With llama.cpp's zero prior every learned rate starts at 0; the siblings are still ranked by
+    the shipped rank-0 priors, so the first hits teach the classes that will be drafted, not
+    whichever candidate arrived first in a tie: here a 1-token copy match (prior 0.15) arrives
+    first, and an adjacency entry recorded at ~1.0 (prior 0.51) still takes rank 0."""
+    table = table_with_row(3, {5: 12.0, 6: 2.0})
+    drafter = TokenTreeDrafter(VOCAB, k=3, adjacency=table, cost=FREE, prior_scale=0.0)
+    drafter.reset([1, 2, 3, 4, 1, 2, 3])
+    copy = drafter._copy(3, 1)
+    assert copy.cls == ("copy", 0) and ACCEPT_PRIOR[("copy", 0, 0)] < ACCEPT_PRIOR[("adj", 7, 0)]
+    children = drafter._merge([copy], 3)
+    assert all(c.accept == 0.0 for c in children)
+    assert {c.token: c.cls for c in children} == {5: ("adj", 7, 0), 4: ("copy", 0, 1), 6: ("adj", 0, 2)}
