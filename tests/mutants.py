@@ -678,8 +678,8 @@ MUTANTS += [
     ),
     Mutant(
         "sibling_rank_by_learned_rates",
-        "siblings are ranked by their learned rates (all 0 under a zero prior, so ties rank them by arrival)",
-        (("engine/drafters.py", "        base = sorted(sources.values(), key=lambda entry: -_prior_union(entry[1]))",
+        "siblings are ranked by their learned rates alone (all 0 under a zero prior, so ties rank them by arrival)",
+        (("engine/drafters.py", "        base = sorted(sources.values(), key=lambda entry: (-self._union(entry[1], 0), -_prior_union(entry[1])))",
           "        base = sorted(sources.values(), key=lambda entry: -self._union(entry[1], 0))"),),
         ("tests/engine/test_sibling_ranks.py",),
     ),

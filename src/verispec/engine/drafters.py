@@ -308,10 +308,10 @@ class TokenTreeDrafter:
 
         Siblings exclude each other (the walk moves into at most one), so how likely a candidate is
         right depends on what it competes with: its class is (source, bucket, rank), the rank its
-        place among its siblings by the shipped rank-0 priors (``ACCEPT_PRIOR``; fixed, so a rank
-        means the same whatever was learned, and a zero prior, llama.cpp's, still ranks the
-        siblings: ``SIBLING_RANKS``: 0, 1, or 2 for the rest), and its estimate that class's
-        learned rate. A token offered by both sources (the first copy
+        place among its siblings by their learned rank-0 rates, ties broken by the shipped rank-0
+        priors (``ACCEPT_PRIOR``: under llama.cpp's zero prior every rate starts at 0, and the
+        priors, not arrival order, then rank the siblings; ``SIBLING_RANKS``: 0, 1, or 2 for the
+        rest), and its estimate that class's learned rate. A token offered by both sources (the first copy
         offering it keeps its copy state) is right if either source would be, 1 - (1 - a)(1 - b)
         over the two classes' rates (an optimistic union), and is classed by the likelier one."""
         if not copies and token in self._children_of:
@@ -323,7 +323,7 @@ class TokenTreeDrafter:
                 sources[candidate.token] = (candidate, [candidate.cls])
             elif candidate.cls[0] not in (cls[0] for cls in known[1]):
                 known[1].append(candidate.cls)
-        base = sorted(sources.values(), key=lambda entry: -_prior_union(entry[1]))
+        base = sorted(sources.values(), key=lambda entry: (-self._union(entry[1], 0), -_prior_union(entry[1])))
         children = []
         for rank, (candidate, classes) in enumerate(base):
             rank = min(rank, SIBLING_RANKS - 1)
@@ -377,7 +377,7 @@ class TokenTreeDrafter:
 
 
 def _prior_union(classes) -> float:
-    """1 - prod(1 - prior) over ``classes`` (unranked) at rank 0: how siblings are ranked."""
+    """1 - prod(1 - prior) over ``classes`` (unranked) at rank 0: how tied siblings are ranked."""
     miss = 1.0
     for source, bucket in classes:
         miss *= 1.0 - ACCEPT_PRIOR[(source, bucket, 0)]
