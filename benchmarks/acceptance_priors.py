@@ -31,6 +31,7 @@ from collections import defaultdict
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from robustness import hindsight, run_default  # noqa: E402
@@ -103,14 +104,28 @@ def fit(counts: dict) -> dict:
     return table
 
 
+class RecordedCosts:
+    """A run's final cost table as a ``draft.tree_policy.CostTable``."""
+
+    def __init__(self, costs):
+        self.costs = np.asarray(costs, dtype=float)
+
+    def table(self, n_max: int) -> np.ndarray:
+        return self.costs[:n_max]
+
+
 def cut(scores, costs, rule: str) -> int:
-    """Nodes kept by ``rule``: "ratio" (the round's own tokens per cost) or "gain" (best_prefix)."""
-    keep, best, total = 1, (1.0 / costs[0] if rule == "ratio" else 0.0), 0.0
+    """Nodes kept by ``rule``: "gain" (the shipped ``best_prefix``) or "ratio" (the round's own
+    tokens per cost, the rule before it; first maximum as well)."""
+    if rule == "gain":
+        from verispec.draft.tree_policy import best_prefix
+
+        return best_prefix(scores, RecordedCosts(costs))[0]
+    keep, best, total = 1, 1.0 / costs[0], 0.0
     for nodes in range(2, len(scores) + 1):
         total += scores[nodes - 1]
-        value = (1.0 + total) / costs[nodes - 1] if rule == "ratio" else 1.0 + total - costs[nodes - 1] / costs[0]
-        if value > best:
-            keep, best = nodes, value
+        if (1.0 + total) / costs[nodes - 1] > best:
+            keep, best = nodes, (1.0 + total) / costs[nodes - 1]
     return keep
 
 

@@ -686,7 +686,7 @@ MUTANTS += [
     Mutant(
         "merge_union_dropped",
         "a token offered by a copy and the adjacency row keeps only its better source's rate",
-        (("engine/drafters.py", "            miss *= 1.0 - self._rate((*cls, rank))", "            miss = min(miss, 1.0 - self._rate((*cls, rank)))"),),
+        (("engine/drafters.py", "        miss *= 1.0 - rate", "        miss = min(miss, 1.0 - rate)"),),
         ("tests/engine/test_sibling_ranks.py",),
     ),
     Mutant(
@@ -797,8 +797,8 @@ MUTANTS += [
     Mutant(
         "batch_mask_of_the_first_slot_length",
         "every request's mask is placed at the first submitted slot's cache length (a slot sees another's key length)",
-        ((BATCH_RUNNER, "            n, start = len(request.input_ids), self.lengths[slot]\n",
-          "            n, start = len(request.input_ids), self.lengths[slots[0]]\n"),),
+        ((BATCH_RUNNER, "                allowed = self._allowed(slot, request)\n",
+          "                allowed = self._allowed(slots[0], request)\n"),),
         (BATCH_RUNNER_TESTS,),
     ),
     Mutant(

@@ -336,13 +336,8 @@ class TokenTreeDrafter:
         return children
 
     def _union(self, classes, rank: int) -> float:
-        """1 - prod(1 - rate) over ``classes`` (unranked) at ``rank``."""
-        if len(classes) == 1:
-            return self._rate((*classes[0], rank))
-        miss = 1.0
-        for cls in classes:
-            miss *= 1.0 - self._rate((*cls, rank))
-        return 1.0 - miss
+        """The chance that either source is right: ``_either`` of ``classes``' (unranked) rates at ``rank``."""
+        return _either([self._rate((*cls, rank)) for cls in classes])
 
     def _expand(self, candidate, depth: int):
         context = self.index.context
@@ -377,10 +372,17 @@ class TokenTreeDrafter:
 
 
 def _prior_union(classes) -> float:
-    """1 - prod(1 - prior) over ``classes`` (unranked) at rank 0: how tied siblings are ranked."""
+    """``_either`` of ``classes``' (unranked) shipped priors at rank 0: how tied siblings are ranked."""
+    return _either([ACCEPT_PRIOR[(source, bucket, 0)] for source, bucket in classes])
+
+
+def _either(rates) -> float:
+    """1 - prod(1 - rate): at least one of independent events happens (one rate: itself, exactly)."""
+    if len(rates) == 1:
+        return rates[0]
     miss = 1.0
-    for source, bucket in classes:
-        miss *= 1.0 - ACCEPT_PRIOR[(source, bucket, 0)]
+    for rate in rates:
+        miss *= 1.0 - rate
     return 1.0 - miss
 
 

@@ -17,9 +17,10 @@ A forward is *submitted* per slot and run for all submitted slots at once by ``f
 * padded for attention only: queries are scattered to (B, kv_heads, group, N, head_dim) with N
   the largest padded request. Requests much larger than the others (a prompt joining a batch of
   small trees; prompts prefilled together) attend on their own instead, each over its slot's
-  [0, length + n) keys, where the estimated cost is less (``attended_alone``); keys are read from the slots over S entries: the slots' whole buffers
-  (S = capacity, a view: no copy) while the capacity is at most ``WHOLE_BUFFER_SLACK`` times E,
-  the largest cache length after the forward, else their first E entries (copied); an additive
+  [0, length + n) keys, where the estimated cost is less (``attended_alone``). The padded ones
+  read keys from the slots over S entries: the slots' whole buffers (S = capacity, a view: no
+  copy) while the capacity is at most ``WHOLE_BUFFER_SLACK`` times E, the largest cache length
+  after the forward, else their first E entries (copied); an additive
   (B * kv_heads, group * N, S) bias, built once per forward, holds each sequence's own pattern
   (its tree mask, or causal) over its own slot: 0 where seen, -inf elsewhere (the entries past a
   slot's length, other slots' lengths, unused capacity: finite there, as the buffers start as
@@ -416,7 +417,4 @@ class BatchedLlamaRunner:
         """Keep ``slot``'s entries [0, length) followed by its entries at indices ``moved`` (copied down)."""
         if slot in self._requests:
             raise ConfigError(f"slot {slot} has a forward queued; flush before truncating its cache")
-        moved = list(moved)
-        if moved != list(range(length, length + len(moved))):  # entries already in place need no copy
-            self.kv.move_entries(slot, length, torch.tensor(moved, dtype=torch.long, device=self.base.param.device))
-        self.lengths[slot] = length + len(moved)
+        self.lengths[slot] = self.kv.move_entries(slot, length, moved)

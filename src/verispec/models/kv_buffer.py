@@ -15,6 +15,8 @@ batch slot taking another's place) is one copy for the whole cache, not one per 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 MIN_CAPACITY = 256  # entries allocated at first; doubled whenever more are needed
@@ -67,11 +69,17 @@ class KVBuffers:
         self.keys, self.values = list(stacked[0].unbind(0)), list(stacked[1].unbind(0))
 
     @torch.no_grad()
-    def move_entries(self, slot: int, length: int, moved: torch.Tensor) -> None:
-        """Copy the entries at indices ``moved`` (long) of ``slot`` to [length, length + len(moved)),
-        in every layer, keys and values (index_select copies first: overlapping ranges are safe)."""
-        cache = self.stacked[:, :, slot]  # (2, layers, kv heads, capacity, head_dim)
-        cache[..., length : length + len(moved), :] = cache.index_select(3, moved)
+    def move_entries(self, slot: int, length: int, moved: Sequence[int]) -> int:
+        """Keep ``slot``'s entries [0, length) followed by its entries at indices ``moved``: copy
+        those to [length, length + len(moved)), in every layer, keys and values (index_select copies
+        first: overlapping ranges are safe). Entries already in place (``moved`` is that range: a
+        commit along the first nodes) are not copied. Returns the slot's new length."""
+        moved = [int(index) for index in moved]
+        if moved != list(range(length, length + len(moved))):
+            cache = self.stacked[:, :, slot]  # (2, layers, kv heads, capacity, head_dim)
+            index = torch.tensor(moved, dtype=torch.long, device=cache.device)
+            cache[..., length : length + len(moved), :] = cache.index_select(3, index)
+        return length + len(moved)
 
     @torch.no_grad()
     def copy_slot(self, source: int, target: int, length: int) -> None:

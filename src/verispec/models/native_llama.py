@@ -382,7 +382,4 @@ class NativeLlamaRunner:
     @torch.no_grad()
     def keep_entries(self, length: int, moved: Sequence[int] = ()) -> None:
         """Keep cache entries [0, length) followed by the entries at indices ``moved`` (copied down)."""
-        moved = list(moved)
-        if moved != list(range(length, length + len(moved))):  # entries already in place need no copy
-            self.kv.move_entries(0, length, torch.tensor(moved, dtype=torch.long, device=self.param.device))
-        self.length = length + len(moved)
+        self.length = self.kv.move_entries(0, length, moved)
