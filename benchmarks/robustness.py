@@ -4,7 +4,7 @@ the online cost model) against plain decoding on held-out prompts, with an oracl
 Usage:
     python benchmarks/robustness.py [--limit N] [--per-category 3] [--categories qa,rag] [--humaneval N] [--max-new-tokens 128]
         [--threads 1,2] [--temperatures 0,0.6] [--load | --no-load] [--repeats 2] [--warm]
-        [--dtype auto] [--json OUT.json]
+        [--dtype auto] [--ignore-eos] [--json OUT.json]
 
 Prompts: held-out only (``verispec.distill.data.split_prompts("heldout")``): HumanEval 0-39 and
 Spec-Bench ids divisible by 5, at most --per-category per Spec-Bench category; --limit N keeps N
@@ -19,6 +19,12 @@ this script's own pinned to core 0 (started before and killed after the loaded r
 back, --repeats times, the order alternating (A B, B A, ...). Each run gets fresh decoders (a cold
 adjacency table and a cost model at its prior, as a new ``verispec generate`` process has); --warm
 keeps one decoder per configuration for the whole condition (a server).
+
+--ignore-eos decodes exactly --max-new-tokens tokens in both configurations (no EOS stop, as
+serving benchmarks fix their output lengths). Use it at T > 0 in bf16: the seeded texts of plain and
+default are the same draws, but a near tie that the forward's shape flips (far more often in bf16
+than in fp32) changes the rest of the text, and when one text then ends after 17 tokens and the
+other after 96, the ratio with prefill compares a prefill-bound run with a decode-bound one.
 
 Printed per condition: per prompt tokens/s of both and the ratio default / plain (total tokens over
 total seconds of its repeats), the same ratio without the prefill ("decode": the fair one when
@@ -214,6 +220,8 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
 
     torch.set_num_threads(condition.threads)
     common = dict(tokenizer=tokenizer, temperature=condition.temperature, max_new_tokens=args.max_new_tokens)
+    if args.ignore_eos:
+        common["eos_token_id"] = []  # no EOS: every run decodes exactly max_new_tokens
 
     def decoders():
         return SpeculativeDecoder(model, None, method="ar", **common), SpeculativeDecoder(model, **common)
@@ -321,6 +329,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration per prompt (default 2)")
     parser.add_argument("--warm", action="store_true", help="one decoder per configuration for a whole condition")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it natively), fp32 or bf16")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="decode exactly --max-new-tokens tokens, no EOS stop (equal lengths when texts differ)")
     parser.add_argument("--json", default=None, help="write every record and summary to this file")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
@@ -339,7 +349,7 @@ def main(argv=None) -> int:
     prompts = held_out_prompts(args.limit, args.per_category, args.spec_bench or default_spec_bench_path() or SPEC_BENCH,
                                categories, args.humaneval)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu_name()}, {os.cpu_count()} cores, {dtype}, "
-          f"{len(prompts)} held-out prompts x {args.repeats} repeats, max {args.max_new_tokens} new tokens, "
+          f"{len(prompts)} held-out prompts x {args.repeats} repeats, {'exactly' if args.ignore_eos else 'max'} {args.max_new_tokens} new tokens, "
           f"{'warm decoders' if args.warm else 'fresh decoders per run'}; load average before: {os.getloadavg()[0]:.1f}")
     results = []
     for load in args.loads or (False, True):
