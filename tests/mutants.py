@@ -635,6 +635,12 @@ MUTANTS += [
         ("tests/engine/test_cost_model.py",),
     ),
     Mutant(
+        "cost_pseudo_readings_at_the_prior",
+        "a bucket's pseudo-readings sit at the prior (zeros) instead of the ratio pooled over the other sizes",
+        (("engine/cost_model.py", "        pseudo = [pooled] * self.prior_weight", "        pseudo = [0.0] * self.prior_weight"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
         "cost_prior_ignored",
         "the decoder ignores its target's cost prior (llama.cpp's first rounds are sized as if extra tokens were free)",
         (("engine/decoder.py", '        prior = getattr(self.target, "cost_prior", None)', "        prior = None"),),

@@ -109,6 +109,21 @@ def test_a_bucket_leaves_the_prior_only_after_more_readings_than_prior_weight():
     assert model.table(12)[-1] > 4.5 * prior_seconds
 
 
+def test_a_bucket_with_few_readings_starts_from_the_ratio_the_other_sizes_measured():
+    """The pseudo-readings of a bucket sit at the ratio pooled over every speculative bucket: on a
+    machine whose forwards all cost twice the prior, a bucket's first reading at the prior's value
+    (or a 10x stall) leaves it at twice the prior, where zeros would have pulled it back to 1x."""
+    for first_reading in (1.0, 10.0):
+        model = OnlineCostModel(prior_weight=3)
+        for _ in range(5):
+            model.record(1, 0.01, 0.01 * float(prior_overhead_shape([1])[0]))
+            for n in (3, 6, 20):  # buckets 3-4, 5-8 and 17-32 at twice the prior
+                model.record(n, 2.0 * 0.01 * float(prior_shape([n])[0]), 0.01 * float(prior_overhead_shape([n])[0]))
+        model.record(12, first_reading * 0.01 * float(prior_shape([12])[0]), 0.01 * float(prior_overhead_shape([12])[0]))
+        target = model.table(12)[-1] - 0.01 * float(prior_overhead_shape([12])[0])  # overhead at the prior
+        assert target / (0.01 * float(prior_shape([12])[0])) == pytest.approx(2.0, rel=0.02)
+
+
 def test_unobserved_sizes_take_their_neighbours_ratio_not_a_slope():
     model = OnlineCostModel(prior_weight=0)
     for n, times_prior in ((1, 1.0), (3, 2.0), (20, 2.0)):  # buckets 3-4 and 17-32 at twice the prior
