@@ -211,6 +211,12 @@ class TokenTreeDrafter:
         # set by a batch (engine.batch): offered tree -> (nodes to keep, the decision), instead of
         # the cut by ``cost``; None: this drafter decides alone
         self.planner: Callable[[CandidateTree], tuple[int, object]] | None = None
+        # set by a batch that refreshes the shared adjacency table itself, from every sequence's
+        # scored rows at once after each batched forward (engine.batch ``_refresh_adjacency``):
+        # ``observe_target`` then leaves the table alone, and ``scoring`` holds the tokens of the
+        # tree this sequence has queued for that forward (None: none)
+        self.batch_refresh = False
+        self.scoring: tuple[int, ...] | None = None
 
     def reset(self, prompt_ids):
         self.index.reset(prompt_ids)
@@ -229,6 +235,8 @@ class TokenTreeDrafter:
         the whole offered order instead, priced by the batched forward. A root-only tree keeps its
         root candidates for the shadow trials ``commit`` records (``shadow_trials``)."""
         tree = self._propose(max_depth, cost)
+        if self.batch_refresh:
+            self.scoring = tree.tokens
         self._shadow = tuple(self._root) if tree.num_nodes == 1 and self.shadow_trials else ()
         self.rest.record(tree.num_nodes > 1)
         return tree
@@ -349,8 +357,9 @@ class TokenTreeDrafter:
     # ----- feedback -------------------------------------------------------------------------
     def observe_target(self, tokens, parents, logits) -> None:
         """The target's logits (n, V) at the scored nodes (tokens (n,), parents (n,)): refresh
-        the adjacency rows of their tokens."""
-        self.adjacency.update(tokens, logits)
+        the adjacency rows of their tokens (in a batch that refreshes them itself, nothing)."""
+        if not self.batch_refresh:
+            self.adjacency.update(tokens, logits)
 
     def observe_walk(self, tree, visited) -> None:
         """Update the acceptance estimates: every child of a visited node is a trial of its
