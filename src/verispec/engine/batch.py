@@ -342,7 +342,7 @@ class BatchDecoder:
         frozen: its timings would time the whole batched round, whose cost the batch's model learns."""
         seq.decoder.cost_model = OnlineCostModel(learn=False)
         if isinstance(seq.decoder.drafter, TokenTreeDrafter):
-            seq.decoder.drafter.planner = lambda offered: self._offer(seq, offered.scores[1:])
+            seq.decoder.drafter.planner = lambda order: self._offer(seq, order)  # grown by the split as it reads
         elif seq.decoder.adaptive_draft_len:
             seq.decoder.chain_planner = lambda gains: self._offer(seq, gains)
 

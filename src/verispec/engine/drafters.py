@@ -15,7 +15,7 @@ import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
 from verispec.draft.tree_policy import (
-    ACCEPT_PRIOR, SIBLING_RANKS, AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, RestSchedule, adjacency_bucket,
+    ACCEPT_PRIOR, SIBLING_RANKS, AcceptanceEstimates, BestFirstOrder, Candidate, CandidateTree, CostTable, ProbeSchedule, RestSchedule, adjacency_bucket,
     copy_bucket, grow_tree, root_alone_wins,
 )
 from verispec.errors import ConfigError
@@ -208,9 +208,9 @@ class TokenTreeDrafter:
         # candidates, and its children when no copy continues there; a tree repeats tokens often
         self._adjacent_of: dict[int, list[Candidate]] = {}
         self._children_of: dict[int, list[Candidate]] = {}
-        # set by a batch (engine.batch): offered tree -> (nodes to keep, the decision), instead of
-        # the cut by ``cost``; None: this drafter decides alone
-        self.planner: Callable[[CandidateTree], tuple[int, object]] | None = None
+        # set by a batch (engine.batch): offered best-first order (grown as far as the batch asks)
+        # -> (nodes to keep, the decision), instead of the cut by ``cost``; None: this drafter decides alone
+        self.planner: Callable[[BestFirstOrder], tuple[int, object]] | None = None
         # set by a batch that refreshes the shared adjacency table itself, from every sequence's
         # scored rows at once after each batched forward (engine.batch ``_refresh_adjacency``):
         # ``observe_target`` then leaves the table alone, and ``scoring`` holds the tokens of the
@@ -252,9 +252,13 @@ class TokenTreeDrafter:
         self._root = root
         token = self.index.context[-1]
         if self.planner is not None:  # a batch: its budget cuts the offered order, for all sequences at once
-            tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
-            nodes, plan = self.planner(tree.offered)
-            tree = replace(tree.offered.prefix(nodes), plan=plan)
+            order = BestFirstOrder(token, root, self._expand, self.max_nodes, depth)
+            nodes, plan = self.planner(order)  # grows the order as far as the split looks
+            # two nodes tell whether the whole order has more than the root (a probe's condition)
+            if order.grow(max(nodes, 2)) > 1 and self.probes.due(nodes > 1, cost):
+                order.grow(1 + self.probes.size)
+                return replace(order.tree().prefix(1 + self.probes.size), probe=True)
+            return replace(order.tree().prefix(nodes), plan=plan)
         else:
             best = max((c.accept for c in root), default=0.0)
             if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
