@@ -16,7 +16,9 @@ round = one target flush), all sequences together:
   adjacency     ``AdjacencyTable.update`` / ``update_rows`` (top-k of the scored rows)
   roots         ``TokenTreeDrafter._root_candidates`` (copy matches, the root's candidates)
   grow          ``grow_tree``
-  split         ``split_scored_tokens`` (the batch budget)
+  split         ``split_scored_tokens`` (the batch budget; it grows the lazy orders it reads)
+    order growth  ``BestFirstOrder.grow`` (the trees' growth: in the split, and after it)
+    settled       ``_settled`` (the split's stopping test)
   tree mask     ``tree_attention_mask`` (each sequence's own pattern)
   rows + walk   ``LogitRows`` + ``qfree_walk``
   feedback      ``observe_walk`` + the drafter's ``commit`` + the adapter's ``commit``
@@ -67,7 +69,9 @@ def main(argv=None) -> int:
     import verispec.engine.decoder as decoder_module
     import verispec.engine.drafters as drafters_module
     import verispec.engine.batch as batch_module
+    import verispec.engine.batch_budget as budget_module
     import verispec.models.hf as hf_module
+    from verispec.draft.tree_policy import BestFirstOrder
     from batch_speed import copy_default_decoder, encoded_humaneval, plain_and_warm_default
     from verispec.engine.drafters import TokenTreeDrafter
     from verispec.models.batch_runner import BatchedLlamaRunner
@@ -88,6 +92,7 @@ def main(argv=None) -> int:
         "key bias": (BatchedLlamaRunner, "_key_bias"),
         "adjacency": (AdjacencyTable, "update"), "roots": (TokenTreeDrafter, "_root_candidates"),
         "grow": (drafters_module, "grow_tree"), "split": (batch_module, "split_scored_tokens"),
+        "order growth": (BestFirstOrder, "grow"), "settled": (budget_module, "_settled"),
         "tree mask": (hf_module, "tree_attention_mask"), "rows": (decoder_module, "LogitRows"),
         "walk": (decoder_module, "qfree_walk"), "observe_walk": (TokenTreeDrafter, "observe_walk"),
         "drafter commit": (TokenTreeDrafter, "commit"), "adapter commit": (HFModelAdapter, "commit"),
@@ -133,7 +138,8 @@ def main(argv=None) -> int:
     print("|---|" + "---|" * len(names))
     for key in keys:
         print(f"| {key} | " + " | ".join(f"{1e6 * per_config[n][key] / max(per_config[n]['rounds'], 1):.0f}" for n in names) + " |")
-    wrapped = [k for k in phases if k not in ("mask", "key bias")]  # those two run inside the forward
+    inside = ("mask", "key bias", "order growth", "settled")  # inside the forward, or the split
+    wrapped = [k for k in phases if k not in inside]
     print("| rest | " + " | ".join(
         f"{1e6 * (per_config[n]['round'] - sum(per_config[n][k] for k in wrapped)) / max(per_config[n]['rounds'], 1):.0f}"
         for n in names) + " |")
