@@ -17,6 +17,10 @@ policy, ``split_scored_tokens``, shares T out by expected tokens against that co
   the same without nodes (the long-run rate, as ``draft.tree_policy.best_prefix``);
 * each sequence drafts its share of that prefix.
 
+A token tree's offer is read lazily (``draft.tree_policy.BestFirstOrder``): the merge takes
+entries best first and stops once no longer prefix can gain more (every later entry scores at
+most the next one), so each tree is grown about as far as the split keeps, not to its 24 nodes.
+
 With one sequence this is exactly the single-sequence choice of ``draft.tree_policy.grow_tree``
 (``best_prefix``: the gain over plain decoding, first maximum). With many, a forward over B roots already
 costs more, each extra node adds the same seconds but only one sequence's gain, so the trees

@@ -232,7 +232,8 @@ class TokenTreeDrafter:
         and no probe is due, the root alone is returned without growing the tree, so a round that
         drafts nothing costs about what a plain decoding step costs; its ``offered`` is then None
         (``offered_tree`` grows it, for oracles). In a batch (``planner`` set) the batch budget cuts
-        the whole offered order instead, priced by the batched forward. A root-only tree keeps its
+        the offered order instead, priced by the batched forward, growing it (``BestFirstOrder``)
+        only as far as its merge reads; the tree's ``offered`` then holds what was grown. A root-only tree keeps its
         root candidates for the shadow trials ``commit`` records (``shadow_trials``)."""
         tree = self._propose(max_depth, cost)
         if self.batch_refresh:
@@ -252,22 +253,23 @@ class TokenTreeDrafter:
         self._root = root
         token = self.index.context[-1]
         if self.planner is not None:  # a batch: its budget cuts the offered order, for all sequences at once
+            # grown by the split as far as it reads (in the scheduler's turn, once every sequence's
+            # feedback of the last round is in the shared estimates), not whole before offering it
             order = BestFirstOrder(token, root, self._expand, self.max_nodes, depth)
-            nodes, plan = self.planner(order)  # grows the order as far as the split looks
+            nodes, plan = self.planner(order)
             # two nodes tell whether the whole order has more than the root (a probe's condition)
             if order.grow(max(nodes, 2)) > 1 and self.probes.due(nodes > 1, cost):
                 order.grow(1 + self.probes.size)
                 return replace(order.tree().prefix(1 + self.probes.size), probe=True)
             return replace(order.tree().prefix(nodes), plan=plan)
-        else:
-            best = max((c.accept for c in root), default=0.0)
-            if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
-                # grow_tree would keep the root alone while offering more (a root candidate scores > 0)
-                if not self.probes.due(False, cost):
-                    return CandidateTree((token,), (-1,), (None,), (1.0,), 1.0)
-                tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
-                return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
+        best = max((c.accept for c in root), default=0.0)
+        if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
+            # grow_tree would keep the root alone while offering more (a root candidate scores > 0)
+            if not self.probes.due(False, cost):
+                return CandidateTree((token,), (-1,), (None,), (1.0,), 1.0)
             tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
+            return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
+        tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
         if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1, cost):
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
         return tree
