@@ -69,9 +69,9 @@ def main(argv=None) -> int:
     import verispec.engine.decoder as decoder_module
     import verispec.engine.drafters as drafters_module
     import verispec.engine.batch as batch_module
+    import verispec.draft.tree_policy as policy_module
     import verispec.engine.batch_budget as budget_module
     import verispec.models.hf as hf_module
-    from verispec.draft.tree_policy import BestFirstOrder
     from batch_speed import copy_default_decoder, encoded_humaneval, plain_and_warm_default
     from verispec.engine.drafters import TokenTreeDrafter
     from verispec.models.batch_runner import BatchedLlamaRunner
@@ -92,13 +92,14 @@ def main(argv=None) -> int:
         "key bias": (BatchedLlamaRunner, "_key_bias"),
         "adjacency": (AdjacencyTable, "update"), "roots": (TokenTreeDrafter, "_root_candidates"),
         "grow": (drafters_module, "grow_tree"), "split": (batch_module, "split_scored_tokens"),
-        "order growth": (BestFirstOrder, "grow"), "settled": (budget_module, "_settled"),
+        "order growth": (getattr(policy_module, "BestFirstOrder", None), "grow"), "settled": (budget_module, "_settled"),
         "tree mask": (hf_module, "tree_attention_mask"), "rows": (decoder_module, "LogitRows"),
         "walk": (decoder_module, "qfree_walk"), "observe_walk": (TokenTreeDrafter, "observe_walk"),
         "drafter commit": (TokenTreeDrafter, "commit"), "adapter commit": (HFModelAdapter, "commit"),
     }
-    if hasattr(AdjacencyTable, "update_rows"):
-        phases["adjacency rows"] = (AdjacencyTable, "update_rows")
+    phases["adjacency rows"] = (AdjacencyTable, "update_rows")
+    # older code (to compare a commit before these phases existed): 0 for what it lacks
+    phases = {key: (holder, name) for key, (holder, name) in phases.items() if hasattr(holder, name)}
     for key, (holder, name) in phases.items():
         timed(holder, name, totals, key)
     flush = BatchedLlamaRunner.flush
