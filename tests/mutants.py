@@ -532,14 +532,14 @@ MUTANTS += [
     ),
     Mutant(
         "batch_share_ignored",
-        "a sequence of a batch keeps its own cut of the tree instead of the share the batch budget gave it",
-        (("engine/drafters.py", "            tree = replace(tree.offered.prefix(nodes), plan=plan)", "            tree = replace(tree, plan=plan)"),),
+        "a sequence of a batch scores all it grew of its tree instead of the share the batch budget gave it",
+        (("engine/drafters.py", "            return replace(order.tree().prefix(nodes), plan=plan)", "            return replace(order.tree(), plan=plan)"),),
         ("tests/engine/test_batch_engine.py::test_the_batch_budget_sizes_trees_and_chains_and_its_decision_is_in_the_stats",),
     ),
     Mutant(
         "batch_budget_worst_first",
         "the batch budget merges the offers worst first (kept nodes are no longer the most promising)",
-        (("engine/batch_budget.py", "    entries = sorted((-float(score), owner, position)", "    entries = sorted((float(score), owner, position)"),),
+        (("engine/batch_budget.py", "key=lambda score: -score)", "key=lambda score: score)"),),
         ("tests/engine/test_batch_budget.py",),
     ),
     Mutant(
@@ -702,9 +702,23 @@ MUTANTS += [
         ("tests/draft/test_tree_policy.py",),
     ),
     Mutant(
+        "batch_merge_stops_early",
+        "the batch budget's lazy merge stops while a longer prefix could still gain more",
+        (("engine/batch_budget.py", "best - (batch + gained - prices[taken]) - 1e-9)", "best - (batch + gained - prices[taken]) + 0.5)"),),
+        ("tests/engine/test_batch_budget.py",),
+    ),
+    Mutant(
+        "batch_adjacency_refresh_skips_last_sequence",
+        "the batch's adjacency refresh leaves out the last sequence's scored rows",
+        (("engine/batch.py", "        for seq in running:\n            drafter = getattr(seq.decoder, \"drafter\", None)\n            if seq.done",
+          "        for seq in running[:-1]:\n            drafter = getattr(seq.decoder, \"drafter\", None)\n            if seq.done"),),
+        ("tests/engine/test_batch_engine.py::test_the_batch_refreshes_the_shared_adjacency_table_once_per_forward",),
+    ),
+    Mutant(
         "batch_split_by_ratio",
         "the batch budget keeps the prefix with the best tokens per second, not the gain over plain batched decoding",
-        (("engine/batch_budget.py", "    keep = int(np.argmax(expected - seconds * (batch / seconds[0])))", "    keep = int(np.argmax(expected / seconds))"),),
+        (("engine/batch_budget.py", "        value = (batch + gained) - prices[taken + 1]", "        value = (batch + gained) / seconds[taken + 1]"),
+         ("engine/batch_budget.py", "best, best_expected = 0, batch - prices[0], float(batch)", "best, best_expected = 0, batch / seconds[0], float(batch)")),
         ("tests/engine/test_batch_budget.py",),
     ),
     Mutant(

@@ -32,6 +32,18 @@ def random_tree(rng: np.random.Generator, cost, max_nodes: int = 24):
     return grow_tree(0, candidates(), lambda candidate, depth: candidates(), cost, max_nodes, 6)
 
 
+def random_order(rng: np.random.Generator, max_nodes: int = 24):
+    """``random_tree``'s candidates as a ``BestFirstOrder`` grown on demand (same draws, same order)."""
+    from verispec.draft.tree_policy import BestFirstOrder
+
+    def candidates():
+        weights = rng.uniform(0, 1, 3)
+        accepts = weights / weights.sum() * rng.uniform(0, 1)
+        return [Candidate(int(t), float(a), ("adj", 0)) for t, a in zip(rng.choice(50, 3, replace=False), accepts)]
+
+    return BestFirstOrder(0, candidates(), lambda candidate, depth: candidates(), max_nodes, 6)
+
+
 @pytest.mark.parametrize("cost", [CostCurve(), CostCurve(overhead=0.0), OnlineCostModel(learn=False),
                                   CostCurve(((1, 1.0), (2, 1.6)))])
 def test_one_sequence_is_exactly_the_single_sequence_choice(cost):
@@ -93,3 +105,70 @@ def test_an_empty_offer_is_a_plain_round_and_no_sequence_is_an_error():
     assert split_scored_tokens([[], []], CostCurve()).nodes == (1, 1)
     with pytest.raises(ConfigError, match="at least one sequence"):
         split_scored_tokens([], CostCurve())
+
+
+def _split_of_the_whole_order(offers, cost, fixed_tokens=0):
+    """The split as first written: every offer read whole, one sort, the first maximum over all
+    prefixes (the lazy merge must choose the same)."""
+    batch = len(offers)
+    entries = sorted((-float(score), owner, position) for owner, scores in enumerate(offers) for position, score in enumerate(scores))
+    gains = np.array([-entry[0] for entry in entries], dtype=float)
+    expected = batch + np.concatenate([[0.0], np.cumsum(gains)])
+    base = fixed_tokens + batch
+    seconds = np.asarray(cost.table(base + len(entries)), dtype=float)[base - 1:]
+    keep = int(np.argmax(expected - seconds * (batch / seconds[0])))
+    nodes = [1] * batch
+    for _, owner, _ in entries[:keep]:
+        nodes[owner] += 1
+    return tuple(nodes), float(expected[keep]), float(seconds[keep])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_lazy_merge_chooses_what_the_whole_order_gives(seed):
+    """Lazy offers (best-first orders grown on demand) and lists: the same split as sorting every
+    entry of every whole offer, on smooth and on bumpy cost tables; a lazy order is read at most
+    one entry past what the split takes from it."""
+    from verispec.draft.tree_policy import BestFirstOrder
+
+    rng = np.random.default_rng(seed)
+    steps = rng.uniform(0.0, 0.3, 80) * (rng.uniform(size=80) < (0.3 if seed % 2 else 1.0))
+    cost = CostCurve(tuple((n, 1.0 + float(steps[: n - 1].sum())) for n in range(1, 81)), overhead=0.0)
+    batch = int(rng.integers(1, 6))
+    orders, wholes = [], []
+    for _ in range(batch):
+        tree = random_tree(rng, cost)
+        scores = list(tree.offered.scores[1:])
+        wholes.append(scores)
+        orders.append(_ReplayOrder(scores))
+    fixed = int(rng.integers(0, 3))
+    expected_nodes, expected_tokens, expected_seconds = _split_of_the_whole_order(wholes, cost, fixed)
+    for offers in (wholes, orders):
+        plan = split_scored_tokens(offers, cost, fixed)
+        assert plan.nodes == expected_nodes
+        assert plan.expected_tokens == expected_tokens and plan.predicted_seconds == expected_seconds
+    # the merge takes entries best first until no more can pay, then stops reading
+    assert sum(order.read for order in orders) <= sum(len(whole) for whole in wholes)
+    if seed % 2 == 0 and sum(expected_nodes) < batch + 3:  # smooth cost, small trees: most of the orders unread
+        assert sum(order.read for order in orders) < sum(len(whole) for whole in wholes) / 2
+
+
+def test_a_best_first_order_grown_on_demand_is_grow_trees_order():
+    from verispec.draft.tree_policy import BestFirstOrder
+
+    for seed in range(20):
+        whole = random_tree(np.random.default_rng(seed), CostCurve()).offered
+        lazy = random_order(np.random.default_rng(seed))  # the same candidates, drawn in the same order
+        assert lazy.score(0) == (whole.scores[1] if whole.num_nodes > 1 else None)
+        lazy.grow(100)
+        assert lazy.tree().tokens == whole.tokens and lazy.tree().scores == whole.scores
+
+
+class _ReplayOrder:
+    """A ``LazyOffer`` over known scores that records how far it was read."""
+
+    def __init__(self, scores):
+        self.scores, self.capacity, self.read = scores, len(scores), 0
+
+    def score(self, position):
+        self.read = max(self.read, position + 1)
+        return self.scores[position] if position < len(self.scores) else None

@@ -118,6 +118,25 @@ def test_the_batch_budget_sizes_trees_and_chains_and_its_decision_is_in_the_stat
         assert set(record) >= {"batch_size", "nodes", "scored_tokens", "expected_tokens", "predicted_seconds"}
 
 
+def test_the_batch_refreshes_the_shared_adjacency_table_once_per_forward(monkeypatch):
+    """Every scored row of every sequence reaches the shared table through one ``update_rows`` per
+    batched forward (none through the per-sequence ``update``), and the drafters refresh their own
+    table again once the batch is over."""
+    from verispec.models.token_tree import AdjacencyTable
+
+    calls = []
+    batched_update = AdjacencyTable.update_rows
+    monkeypatch.setattr(AdjacencyTable, "update", lambda *args: calls.append("update"))
+    monkeypatch.setattr(AdjacencyTable, "update_rows", lambda self, tokens, logits, rows: (
+        calls.append(len(rows)), batched_update(self, tokens, logits, rows)))
+    decoder = make_decoder("qfree-token-tree", temperature=0, max_new_tokens=10)
+    outputs = decoder.generate_batch(PROMPTS)
+    assert "update" not in calls
+    assert sum(calls) == sum(step.tree_nodes for output in outputs for step in output.steps)
+    assert len(calls) < sum(len(output.steps) for output in outputs)  # sequences' rows together
+    assert (decoder.drafter.adjacency.next_tokens >= 0).any()
+
+
 def test_a_batch_of_one_is_the_single_sequence_path():
     """One prompt: the decoder's own adapter and cost model, the same tokens and sizes as generate."""
     model = tiny_target()

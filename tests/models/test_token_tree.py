@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from verispec.errors import ConfigError
-from verispec.models.token_tree import EMPTY, AdjacencyTable, SuffixIndex
+from verispec.models.token_tree import EMPTY, TOP_K_BLOCK, AdjacencyTable, SuffixIndex, _top_k
 
 
 def test_adjacency_rows_are_the_latest_top_k_with_probabilities():
@@ -37,6 +37,34 @@ def test_a_copied_adjacency_table_records_into_itself_only():
     twin.update([2], torch.tensor([[4.0, 0.0, 0.0, 1.0, 0.0]]))
     assert twin.candidates(2)[0] == [0, 3] and twin.candidates(1)[0] == [1, 3]
     assert table.candidates(2)[0] == [] and table.candidates(1)[0] == [1, 3]
+
+
+@pytest.mark.parametrize("vocab", [5, 4 * 8 * TOP_K_BLOCK, 12 * TOP_K_BLOCK + 3])
+def test_update_rows_records_what_update_calls_in_order_would(vocab):
+    """A batch's refresh: rows gathered from one forward, tokens repeated within and across the
+    sequences' trees; the table must end as per-sequence ``update`` calls in turn order leave it."""
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(9, vocab, generator=generator) * 4
+    tokens = [3, -1, 4, 3, 1, 4, 2, 3, 0]
+    rows = [8, 0, 2, 5, 1, 7, 3, 6, 4]  # the sequences' rows in turn order, not in packed order
+    batched, alone = AdjacencyTable(vocab, k=8), AdjacencyTable(vocab, k=8)
+    batched.update_rows(tokens, logits, rows)
+    for part in (slice(0, 3), slice(3, 6), slice(6, 9)):  # three sequences, one update each
+        alone.update(tokens[part], logits[rows[part]])
+    assert (batched.next_tokens == alone.next_tokens).all()
+    assert np.allclose(batched.next_probs, alone.next_probs, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [4 * 8 * TOP_K_BLOCK, 768 * TOP_K_BLOCK])
+def test_two_stage_top_k_is_torch_top_k(vocab):
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, vocab, generator=generator)
+    logits[1, 100:140] = 50.0  # the top entries in one block and the next: ties broken alike here
+    logits[2] = -logits[2].abs()
+    expected = torch.topk(logits, 8).indices
+    found = _top_k(logits, 8)
+    assert torch.equal(logits.gather(1, found), logits.gather(1, expected))  # the same values, largest first
+    assert torch.equal(found[[0, 2, 3, 4, 5]], expected[[0, 2, 3, 4, 5]])
 
 
 def test_adjacency_needs_a_candidate():

@@ -142,6 +142,7 @@ def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
     own.rest = dataclasses.replace(drafter.rest, quiet=0, rested=0)
     own._rates = {}
     own._shadow = ()
+    own.batch_refresh, own.scoring = False, None  # the batch that runs it decides (``_batch_drafter``)
     return own
 
 
@@ -207,7 +208,7 @@ class BatchDecoder:
         the sequence's draft slot (its ``ModelDrafter`` is made by the decoder, with its own
         sampling parameters); the parent's head (the decoder makes its ``HeadDrafter`` over the
         sequence's target adapter, whose slot returns the features the head reads; its steps are
-        batched by ``_batch_head``); or none (plain)."""
+        batched by ``_batch_drafter``); or none (plain)."""
         drafter = self.decoder.drafter
         if isinstance(drafter, TokenTreeDrafter):
             return token_tree_copy(drafter)
@@ -318,15 +319,19 @@ class BatchDecoder:
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
-        self._batch_head(seq)
+        self._batch_drafter(seq)
         if planned:
             self._plan_by_budget(seq)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")
         seq.thread.start()
 
-    def _batch_head(self, seq: _Sequence) -> None:
-        """A head-drafting sequence queues its head steps for the batch's packed head call."""
+    def _batch_drafter(self, seq: _Sequence) -> None:
+        """A head-drafting sequence queues its head steps for the batch's packed head call; a
+        token-tree sequence on the native runner leaves its adjacency refresh to the batch
+        (``_refresh_adjacency``)."""
         drafter = seq.decoder.drafter
+        if isinstance(drafter, TokenTreeDrafter) and isinstance(self.runner, BatchedLlamaRunner):
+            drafter.batch_refresh = True
         if isinstance(drafter, HeadDrafter):
             steps = self.head_steps.setdefault(drafter.head, BatchedHeadSteps(drafter.head))
             drafter.step = steps.stepper(lambda: self._pause(seq, "head"))
@@ -337,7 +342,7 @@ class BatchDecoder:
         frozen: its timings would time the whole batched round, whose cost the batch's model learns."""
         seq.decoder.cost_model = OnlineCostModel(learn=False)
         if isinstance(seq.decoder.drafter, TokenTreeDrafter):
-            seq.decoder.drafter.planner = lambda offered: self._offer(seq, offered.scores[1:])
+            seq.decoder.drafter.planner = lambda order: self._offer(seq, order)  # grown by the split as it reads
         elif seq.decoder.adaptive_draft_len:
             seq.decoder.chain_planner = lambda gains: self._offer(seq, gains)
 
@@ -347,6 +352,9 @@ class BatchDecoder:
         self._close_slots(seq)
 
     def _close_slots(self, seq: _Sequence) -> None:
+        drafter = getattr(seq.decoder, "drafter", None)
+        if isinstance(drafter, TokenTreeDrafter):  # a drafter kept after the batch (a server's) refreshes its own table again
+            drafter.batch_refresh, drafter.scoring = False, None
         self.runner.close(seq.slot)
         if seq.draft_slot is not None:
             self.draft_runner.close(seq.draft_slot)
@@ -413,7 +421,7 @@ class BatchDecoder:
                 for seq in [s for s in running if s.done]:
                     self._finish(seq)
                     running.remove(seq)
-                round_start = self._flush(plan, round_start)
+                round_start = self._flush(plan, round_start, running)
         except BaseException:
             self._abort(running)
             raise
@@ -467,18 +475,42 @@ class BatchDecoder:
             seq.offer, seq.share = None, (nodes, plan)
         return plan
 
-    def _flush(self, plan: BatchRoundDecision | None, round_start: float) -> float:
-        """Run the batched forward; a planned round's timings go to its decision and to the batch
-        cost model (the forward over all queued tokens; the rest of the round as overhead).
-        Returns the end of the round."""
+    def _flush(self, plan: BatchRoundDecision | None, round_start: float, running: list[_Sequence]) -> float:
+        """Run the batched forward and refresh the token trees' adjacency table from it; a planned
+        round's timings go to its decision and to the batch cost model (the forward over all queued
+        tokens; the rest of the round, the refresh included, as overhead). Returns the end of the round."""
         scored = self.runner.pending_tokens
         tic = time.perf_counter()
         self.runner.flush()
         end = time.perf_counter()
+        self._refresh_adjacency(running)
         if plan is not None and scored:
             plan.measured_target_seconds, plan.measured_round_seconds = end - tic, end - round_start
             self.decoder.batch_cost_model.record(scored, end - tic, tic - round_start)
         return end
+
+    def _refresh_adjacency(self, running: list[_Sequence]) -> None:
+        """Record the rows of every tree the forward just scored into the shared adjacency table,
+        before any sequence resumes, in one ``AdjacencyTable.update_rows`` (one softmax and top-k
+        over all the rows) instead of one ``update`` per sequence. The rows go in turn order, so
+        where several sequences scored the same token the last sequence's last row wins, as their
+        own updates in turn order would leave it. Every sequence then drafts its next tree from all
+        of this round's rows (no longer only from those of the sequences before it)."""
+        tables: dict[int, tuple] = {}  # id(table) -> (table, tokens, rows): a batch shares one
+        for seq in running:
+            drafter = getattr(seq.decoder, "drafter", None)
+            if seq.done or not isinstance(drafter, TokenTreeDrafter) or drafter.scoring is None:
+                continue
+            scored, drafter.scoring = drafter.scoring, None
+            found = self.runner.flushed_rows(seq.slot.slot)
+            if found is None or found[2] != len(scored):  # not the tree it proposed: no rows to record
+                continue
+            logits, first, _ = found
+            _, tokens, rows = tables.setdefault(id(drafter.adjacency), (drafter.adjacency, [], []))
+            tokens += scored
+            rows += range(first, first + len(scored))
+        for table, tokens, rows in tables.values():
+            table.update_rows(tokens, logits, rows)
 
     def _decode_alone(self, prompt, rng, setting) -> BatchGenerationOutput:
         """One sequence at a time: the single-sequence path itself (the decoder's own target

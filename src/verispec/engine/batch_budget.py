@@ -17,6 +17,10 @@ policy, ``split_scored_tokens``, shares T out by expected tokens against that co
   the same without nodes (the long-run rate, as ``draft.tree_policy.best_prefix``);
 * each sequence drafts its share of that prefix.
 
+A token tree's offer is read lazily (``draft.tree_policy.BestFirstOrder``): the merge takes
+entries best first and stops once no longer prefix can gain more (every later entry scores at
+most the next one), so each tree is grown about as far as the split keeps, not to its 24 nodes.
+
 With one sequence this is exactly the single-sequence choice of ``draft.tree_policy.grow_tree``
 (``best_prefix``: the gain over plain decoding, first maximum). With many, a forward over B roots already
 costs more, each extra node adds the same seconds but only one sequence's gain, so the trees
@@ -32,8 +36,10 @@ policy each sequence sizes its tree itself under the cap.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -105,27 +111,80 @@ class BatchRoundDecision:
         }
 
 
-def split_scored_tokens(offers: Sequence[Sequence[float]], cost: CostTable, fixed_tokens: int = 0) -> BatchRoundDecision:
+class LazyOffer(Protocol):
+    """An offer read on demand (``draft.tree_policy.BestFirstOrder``): ``score(i)`` is its i-th
+    candidate's score (None past its end), non-increasing in i; ``capacity`` bounds its length."""
+
+    capacity: int
+
+    def score(self, position: int) -> float | None: ...
+
+
+class _ListOffer:
+    """A whole offer given as a list (a chain's gains, a test's scores) read as a ``LazyOffer``:
+    sorted best first (stable), the order in which a global sort of all entries takes them."""
+
+    def __init__(self, scores: Sequence[float]):
+        self.scores = sorted((float(score) for score in scores), key=lambda score: -score)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.scores)
+
+    def score(self, position: int) -> float | None:
+        return self.scores[position] if position < len(self.scores) else None
+
+
+def split_scored_tokens(offers: Sequence[Sequence[float] | LazyOffer], cost: CostTable, fixed_tokens: int = 0) -> BatchRoundDecision:
     """The global best-first prefix of ``offers`` (per sequence: its candidate nodes' estimated
-    reach probabilities, best first, root excluded) maximising the expected tokens gained over plain
-    batched decoding in the same time (see the module docstring). ``cost.table(n)``: seconds of a batched round scoring
-    1..n tokens in total."""
+    reach probabilities, best first, root excluded: a list, or a ``LazyOffer`` read only as far as
+    needed) maximising the expected tokens gained over plain batched decoding in the same time (see
+    the module docstring). ``cost.table(n)``: seconds of a batched round scoring 1..n tokens in total.
+
+    The offers are merged best first (ties: lower sequence first, then each one's own order), and
+    the merge stops once no longer prefix can gain more than the best so far: every later entry
+    scores at most the next one, s, so m more entries gain at most m x s and cost what the table
+    says; a lazy offer is read (a token tree grown) only up to one entry past what the merge took.
+    The choice is the one the whole merged order gives (same sums in the same order, first maximum)."""
     batch = len(offers)
     if batch == 0:
         raise ConfigError("a batched round needs at least one sequence to split its tokens between")
+    offers = [offer if hasattr(offer, "score") else _ListOffer(offer) for offer in offers]
     fixed_tokens = int(fixed_tokens)
-    # (-score, sequence, position): one sort gives the global best-first order, each sequence's own
-    # order kept among equal scores, so every sequence's kept nodes are a prefix of its offer (a tree)
-    entries = sorted((-float(score), owner, position)
-                     for owner, scores in enumerate(offers) for position, score in enumerate(scores))
-    gains = np.array([-entry[0] for entry in entries], dtype=float)
-    expected = batch + np.concatenate([[0.0], np.cumsum(gains)])
     base = fixed_tokens + batch  # the roots (and queued tokens) are scored whatever the split
-    seconds = np.asarray(cost.table(base + len(entries)), dtype=float)[base - 1:]
-    # expected tokens gained over plain batched decoding in the same time (batch tokens per
-    # seconds[0]): draft.tree_policy.best_prefix's rule, of which one sequence is the special case
-    keep = int(np.argmax(expected - seconds * (batch / seconds[0])))
+    seconds = np.asarray(cost.table(base + sum(offer.capacity for offer in offers)), dtype=float)[base - 1:]
+    # the cost of each prefix in expected tokens: plain batched decoding's batch tokens per seconds[0]
+    priced = seconds * (batch / seconds[0])
+    prices = priced.tolist()
+    heap = [(-score, owner, 0) for owner, offer in enumerate(offers) if (score := offer.score(0)) is not None]
+    heapq.heapify(heap)
+    owners: list[int] = []  # the merged order's owners, as far as taken
+    gained = 0.0  # the cumulative sum of the taken scores (np.cumsum's order)
+    keep, best, best_expected = 0, batch - prices[0], float(batch)
+    while heap:
+        taken = len(owners)
+        next_score = -heap[0][0]
+        # one more entry cannot beat the best: check whether any number of them can (slack: rounding)
+        if next_score < prices[taken + 1] - prices[taken] + best - (batch + gained - prices[taken]) and _settled(
+                priced, taken, next_score, best - (batch + gained - prices[taken]) - 1e-9):
+            break
+        negative, owner, position = heapq.heappop(heap)
+        owners.append(owner)
+        gained += -negative
+        value = (batch + gained) - prices[taken + 1]
+        if value > best:
+            keep, best, best_expected = taken + 1, value, batch + gained
+        score = offers[owner].score(position + 1)
+        if score is not None:
+            heapq.heappush(heap, (-score, owner, position + 1))
     nodes = [1] * batch
-    for _, owner, _ in entries[:keep]:
+    for owner in owners[:keep]:
         nodes[owner] += 1
-    return BatchRoundDecision(batch, fixed_tokens, tuple(nodes), base + keep, float(expected[keep]), float(seconds[keep]))
+    return BatchRoundDecision(batch, fixed_tokens, tuple(nodes), base + keep, float(best_expected), float(seconds[keep]))
+
+
+def _settled(priced: np.ndarray, taken: int, next_score: float, margin: float) -> bool:
+    """Whether no m >= 1 further entries, each scoring at most ``next_score``, can gain more than
+    ``margin`` over the prefix of ``taken`` entries: m x next_score - (priced[taken + m] - priced[taken]) < margin."""
+    extra = priced[taken + 1:] - priced[taken]
+    return bool(np.all(np.arange(1, extra.size + 1) * next_score - extra < margin))

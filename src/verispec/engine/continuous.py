@@ -161,7 +161,7 @@ class ContinuousBatch(BatchDecoder):
             # each runs to its offer, its draft forwards and its target forward; a sequence's
             # error is its own (reported with it), the others go on
             plan = self._run_turns(self.running, self.budget is None, check=lambda running: None)
-            self._flush(plan, round_start)
+            self._flush(plan, round_start, self.running)
         except BaseException:
             self.close()
             raise
@@ -194,7 +194,7 @@ class ContinuousBatch(BatchDecoder):
         except ConfigError as error:
             seq.error, seq.done = str(error), True
             return
-        self._batch_head(seq)
+        self._batch_drafter(seq)
         if self.budget is None:
             self._plan_by_budget(seq)
         seq.thread = threading.Thread(target=self._run_sequence, args=(seq,), daemon=True, name=f"verispec-batch-{seq.index}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
 from verispec.draft.tree_policy import (
-    ACCEPT_PRIOR, SIBLING_RANKS, AcceptanceEstimates, Candidate, CandidateTree, CostTable, ProbeSchedule, RestSchedule, adjacency_bucket,
+    ACCEPT_PRIOR, SIBLING_RANKS, AcceptanceEstimates, BestFirstOrder, Candidate, CandidateTree, CostTable, ProbeSchedule, RestSchedule, adjacency_bucket,
     copy_bucket, grow_tree, root_alone_wins,
 )
 from verispec.errors import ConfigError
@@ -208,9 +208,15 @@ class TokenTreeDrafter:
         # candidates, and its children when no copy continues there; a tree repeats tokens often
         self._adjacent_of: dict[int, list[Candidate]] = {}
         self._children_of: dict[int, list[Candidate]] = {}
-        # set by a batch (engine.batch): offered tree -> (nodes to keep, the decision), instead of
-        # the cut by ``cost``; None: this drafter decides alone
-        self.planner: Callable[[CandidateTree], tuple[int, object]] | None = None
+        # set by a batch (engine.batch): offered best-first order (grown as far as the batch asks)
+        # -> (nodes to keep, the decision), instead of the cut by ``cost``; None: this drafter decides alone
+        self.planner: Callable[[BestFirstOrder], tuple[int, object]] | None = None
+        # set by a batch that refreshes the shared adjacency table itself, from every sequence's
+        # scored rows at once after each batched forward (engine.batch ``_refresh_adjacency``):
+        # ``observe_target`` then leaves the table alone, and ``scoring`` holds the tokens of the
+        # tree this sequence has queued for that forward (None: none)
+        self.batch_refresh = False
+        self.scoring: tuple[int, ...] | None = None
 
     def reset(self, prompt_ids):
         self.index.reset(prompt_ids)
@@ -226,9 +232,12 @@ class TokenTreeDrafter:
         and no probe is due, the root alone is returned without growing the tree, so a round that
         drafts nothing costs about what a plain decoding step costs; its ``offered`` is then None
         (``offered_tree`` grows it, for oracles). In a batch (``planner`` set) the batch budget cuts
-        the whole offered order instead, priced by the batched forward. A root-only tree keeps its
+        the offered order instead, priced by the batched forward, growing it (``BestFirstOrder``)
+        only as far as its merge reads; the tree's ``offered`` then holds what was grown. A root-only tree keeps its
         root candidates for the shadow trials ``commit`` records (``shadow_trials``)."""
         tree = self._propose(max_depth, cost)
+        if self.batch_refresh:
+            self.scoring = tree.tokens
         self._shadow = tuple(self._root) if tree.num_nodes == 1 and self.shadow_trials else ()
         self.rest.record(tree.num_nodes > 1)
         return tree
@@ -244,18 +253,23 @@ class TokenTreeDrafter:
         self._root = root
         token = self.index.context[-1]
         if self.planner is not None:  # a batch: its budget cuts the offered order, for all sequences at once
+            # grown by the split as far as it reads (in the scheduler's turn, once every sequence's
+            # feedback of the last round is in the shared estimates), not whole before offering it
+            order = BestFirstOrder(token, root, self._expand, self.max_nodes, depth)
+            nodes, plan = self.planner(order)
+            # two nodes tell whether the whole order has more than the root (a probe's condition)
+            if order.grow(max(nodes, 2)) > 1 and self.probes.due(nodes > 1, cost):
+                order.grow(1 + self.probes.size)
+                return replace(order.tree().prefix(1 + self.probes.size), probe=True)
+            return replace(order.tree().prefix(nodes), plan=plan)
+        best = max((c.accept for c in root), default=0.0)
+        if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
+            # grow_tree would keep the root alone while offering more (a root candidate scores > 0)
+            if not self.probes.due(False, cost):
+                return CandidateTree((token,), (-1,), (None,), (1.0,), 1.0)
             tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
-            nodes, plan = self.planner(tree.offered)
-            tree = replace(tree.offered.prefix(nodes), plan=plan)
-        else:
-            best = max((c.accept for c in root), default=0.0)
-            if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
-                # grow_tree would keep the root alone while offering more (a root candidate scores > 0)
-                if not self.probes.due(False, cost):
-                    return CandidateTree((token,), (-1,), (None,), (1.0,), 1.0)
-                tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
-                return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
-            tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
+            return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
+        tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
         if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1, cost):
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
         return tree
@@ -329,7 +343,8 @@ class TokenTreeDrafter:
             rank = min(rank, SIBLING_RANKS - 1)
             ranked = [(*cls, rank) for cls in classes]
             best = max(ranked, key=self._rate)
-            children.append(replace(candidate, accept=self._union(classes, rank), cls=best))
+            # the constructor, not dataclasses.replace (~3x its cost; a tree's growth makes ~25 a round per sequence)
+            children.append(Candidate(candidate.token, self._union(classes, rank), best, candidate.copy_start, candidate.copy_match))
         children.sort(key=lambda c: -c.accept)
         if not copies:
             self._children_of[token] = children
@@ -349,8 +364,9 @@ class TokenTreeDrafter:
     # ----- feedback -------------------------------------------------------------------------
     def observe_target(self, tokens, parents, logits) -> None:
         """The target's logits (n, V) at the scored nodes (tokens (n,), parents (n,)): refresh
-        the adjacency rows of their tokens."""
-        self.adjacency.update(tokens, logits)
+        the adjacency rows of their tokens (in a batch that refreshes them itself, nothing)."""
+        if not self.batch_refresh:
+            self.adjacency.update(tokens, logits)
 
     def observe_walk(self, tree, visited) -> None:
         """Update the acceptance estimates: every child of a visited node is a trial of its

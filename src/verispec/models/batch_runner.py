@@ -170,6 +170,9 @@ class BatchedLlamaRunner:
         self._requests: dict[int, _Request] = {}
         self._results: dict[int, torch.Tensor] = {}
         self._features: dict[int, torch.Tensor] = {}  # flushed features of slots that asked for them
+        # the last flush's logits of every request, packed (``flushed_rows``), and each unread result's first row there
+        self._flushed: torch.Tensor | None = None
+        self._result_rows: dict[int, int] = {}
 
     @staticmethod
     def check_base(base) -> None:
@@ -208,11 +211,12 @@ class BatchedLlamaRunner:
             raise ConfigError("a slot with a submitted forward cannot be closed before the flush")
         self._results.pop(slot, None)
         self._features.pop(slot, None)
+        self._result_rows.pop(slot, None)
         if slot != last:  # the last slot moves here: its entries, its queued forward or result, its runner
             length = self.lengths[last]
             if length:
                 self.kv.copy_slot(last, slot, length)
-            for queue in (self._requests, self._results, self._features):
+            for queue in (self._requests, self._results, self._features, self._result_rows):
                 if last in queue:
                     queue[slot] = queue.pop(last)
             moved = self.slots[last]
@@ -240,7 +244,15 @@ class BatchedLlamaRunner:
         """The logits (keep, V) of ``slot``'s flushed forward (float32, CPU)."""
         if slot not in self._results:
             raise ConfigError(f"slot {slot} has no flushed forward: submit and flush first")
+        self._result_rows.pop(slot, None)
         return self._results.pop(slot)
+
+    def flushed_rows(self, slot: int) -> tuple[torch.Tensor, int, int] | None:
+        """(the last flush's logits of all its requests (K, V), packed; the first of ``slot``'s rows
+        there; their count) while ``slot``'s result is unread, else None: a reader of several slots'
+        results (the batch's adjacency refresh) indexes one tensor instead of copying rows together."""
+        first = self._result_rows.get(slot)
+        return None if first is None else (self._flushed, first, self._results[slot].shape[0])
 
     def discard_queued(self) -> None:
         """Drop every queued forward unrun (the batch was stopped)."""
@@ -406,10 +418,12 @@ class BatchedLlamaRunner:
         for slot, start, n, request in zip(slots, starts, sizes, requests):
             self.lengths[slot] = start + n
             self._results[slot] = logits[first : first + request.keep]
+            self._result_rows[slot] = first
             if request.features is not None:  # this request's own packed rows of each layer it asked for
                 self._features[slot] = torch.cat([captured[i][packed : packed + n] for i in request.features], dim=-1)
             first += request.keep
             packed += n
+        self._flushed = logits
         self._requests = {}
 
     @torch.no_grad()
