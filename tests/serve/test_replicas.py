@@ -55,6 +55,11 @@ def test_a_full_server_refuses_with_429_and_the_others_finish(tiny_pair, tokeniz
     handle, pool = start_server((tiny_pair[0], None), tokenizer, scheduler="batch", method="qfree", max_batch=2,
                                 max_queue=2, replicas=2)
     url = handle.url
+    # no round runs until the refusal is checked: on a loaded machine the first requests could
+    # otherwise finish before the last one arrives, and the server would never be full
+    rounds_may_run = threading.Event()
+    for replica in pool.replicas:
+        replica.batch.step = lambda step=replica.batch.step: (rounds_may_run.wait(60), step())[1]
     try:
         answers = {}
         runners = [threading.Thread(target=lambda i=i: answers.setdefault(i, httpx.post(url + "/v1/completions",
@@ -65,10 +70,12 @@ def test_a_full_server_refuses_with_429_and_the_others_finish(tiny_pair, tokeniz
         wait_for(lambda: pool.busy_workers + pool.queue_depth == 4)  # 2 running (one per replica) + 2 queued
         refused = httpx.post(url + "/v1/completions", json={**LONG, "max_tokens": 5})
         assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+        rounds_may_run.set()
         for runner in runners:
             runner.join(120)
         assert [answers[i].status_code for i in range(4)] == [200] * 4
     finally:
+        rounds_may_run.set()
         handle.stop()
     assert not pool.accepting and all(replica._thread is None for replica in pool.replicas)
 
