@@ -39,20 +39,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def timed(holder, name, totals, key):
-    """Replace holder.name by a wrapper that adds each call's seconds to totals[key]; returns an undo."""
-    inner = getattr(holder, name)
-
-    def wrapper(*args, **kwargs):
-        tic = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            totals[key] += time.perf_counter() - tic
-
-    setattr(holder, name, wrapper)
-    return lambda: setattr(holder, name, inner)
+from round_phases import timed  # noqa: E402  (the wrapper that sums a function's seconds)
 
 
 def main(argv=None) -> int:
