@@ -9,7 +9,8 @@
                 ranks, resting rounds (engine/ and draft/)
     models.py   llama.cpp batches, the batch runner and padded head step, batch invariance
 
-A new mutant goes next to the mutants of the same rule.
+A new mutant goes next to the mutants of the same rule. ``tests/test_mutant_catalog.py`` checks,
+without running any mutant, that every edit still matches its source exactly once.
 """
 
 from __future__ import annotations
