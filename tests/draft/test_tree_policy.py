@@ -9,7 +9,10 @@ from verispec.draft.tree_policy import (
     CostCurve,
     adjacency_bucket,
     copy_bucket,
+    LongRunRate,
+    best_prefix,
     grow_tree,
+    rated_price,
     root_alone_wins,
 )
 from verispec.errors import ConfigError
@@ -81,13 +84,18 @@ def test_root_alone_wins_only_when_growing_keeps_the_root_alone():
         slope = generator.choice([0.0, 0.005, 0.02, 0.1])
         cost = CostCurve(((1, 1.0), (2, 1.0 + slope), (32, 1.0 + 31 * slope)), overhead=generator.choice([0.0, 0.02, 0.2]))
         max_nodes = generator.choice([1, 2, 8, 24])
+        rate = generator.choice([1.0, 1.0, 1.3, 2.5])  # the price of time (a decoder's running rate)
         expand = lambda candidate, depth, deep=deep: [Candidate(candidate.token + 1, deep, CLS)]  # noqa: E731
-        tree = grow_tree(0, [Candidate(1, accept, CLS), Candidate(2, accept / 2, CLS)], expand, cost, max_nodes, 12)
-        if root_alone_wins(accept, cost, max_nodes):
+        tree = grow_tree(0, [Candidate(1, accept, CLS), Candidate(2, accept / 2, CLS)], expand, cost, max_nodes, 12, rate)
+        if root_alone_wins(accept, cost, max_nodes, rate):
             fired += 1
             assert tree.num_nodes == 1, (accept, deep, slope, max_nodes)
     assert 40 < fired < 360
     assert root_alone_wins(0.001, CostCurve(), 24) and not root_alone_wins(0.5, CostCurve(), 24)
+    # at a higher rate the same candidate no longer pays: 0.3 per node against 0.1 of a plain round's
+    # time per node, worth 0.2 tokens at rate 2 and 0.4 at rate 4
+    linear = CostCurve(((1, 1.0), (2, 1.1), (32, 4.1)), overhead=0.0)
+    assert not root_alone_wins(0.3, linear, 24, rate=2.0) and root_alone_wins(0.3, linear, 24, rate=4.0)
 
 
 def test_root_alone_wins_bounds_every_size_not_just_the_first_node():
@@ -103,11 +111,39 @@ def test_best_prefix_maximises_the_gain_over_plain_decoding_not_the_rounds_ratio
     """A nearly sure first node and a 0.4 second one, the second costing 0.3 of a plain step: the
     round's own ratio stops at one node (1.99 / 1.0 > 2.39 / 1.3), the long-run rate keeps both
     (2.39 - 1.3 > 1.99 - 1.0: the 0.4 tokens beat the 0.3 plain steps they cost)."""
-    from verispec.draft.tree_policy import best_prefix
-
     step = CostCurve(((1, 1.0), (2, 1.0), (3, 1.3), (4, 4.0)), overhead=0.0)
     assert best_prefix([1.0, 0.99, 0.4], step) == (3, pytest.approx(2.39))
     assert best_prefix([1.0, 0.99, 0.2], step) == (2, pytest.approx(2.19))  # 0.2 < 0.3: not worth it
     assert best_prefix([1.0, 0.1], CostCurve(((1, 1.0), (2, 1.2)), overhead=0.0)) == (1, pytest.approx(1.1))
     # ties keep the smaller tree (the first maximum): 0.5 tokens for 0.5 plain steps
     assert best_prefix([1.0, 0.5], CostCurve(((1, 1.0), (2, 1.5)), overhead=0.0))[0] == 1
+
+
+def test_best_prefix_prices_time_at_the_running_rate():
+    """A node is kept while its score beats its extra time times the rate the decoder reaches: at
+    rate 1.5 the 0.4 node of the example above, costing 0.3 plain rounds (0.45 tokens at 1.5), is
+    no longer worth it; at rate 1.3 (0.39 tokens) it still is. Plain decoding's price is rate 1."""
+    step = CostCurve(((1, 1.0), (2, 1.0), (3, 1.3), (4, 4.0)), overhead=0.0)
+    assert best_prefix([1.0, 0.99, 0.4], step, rate=1.3)[0] == 3
+    assert best_prefix([1.0, 0.99, 0.4], step, rate=1.5)[0] == 2
+    assert best_prefix([1.0, 0.99, 0.4], step, rate=1.0) == best_prefix([1.0, 0.99, 0.4], step)
+    assert rated_price(1.3, 1.0) == pytest.approx(1.3) and rated_price(1.3, 2.0) == pytest.approx(1.6)
+    assert rated_price(1.0, 7.0) == 1.0  # a plain round costs one token's time at any rate
+
+
+def test_long_run_rate_follows_the_rounds_and_never_drops_below_plain():
+    rate = LongRunRate(decay=1.0, prior_weight=4.0)
+    assert rate.value == 1.0  # the prior: plain decoding
+    rate.record(3, 1.2)  # a round that emitted 3 tokens in 1.2 plain rounds' time
+    assert rate.value == pytest.approx((4 + 3) / (4 + 1.2))
+    for _ in range(50):
+        rate.record(1, 1.5)  # rounds that waste time: the rate would sink below plain, but plain is always there
+    assert rate.value == 1.0
+    decaying = LongRunRate(decay=0.5, prior_weight=0.0)
+    decaying.record(1, 1.0)
+    decaying.record(4, 1.0)
+    assert decaying.value == pytest.approx((0.5 * 1 + 4) / (0.5 + 1))  # the last round weighs twice the one before
+    assert LongRunRate(prior_weight=0.0).value == 1.0  # nothing recorded yet
+    for bad in ({"decay": 0.0}, {"decay": 1.5}, {"prior_weight": -1.0}):
+        with pytest.raises(ConfigError, match="long-run rate"):
+            LongRunRate(**bad)

@@ -111,6 +111,7 @@ def test_the_batch_budget_sizes_trees_and_chains_and_its_decision_is_in_the_stat
             plan = step.policy.batch
             assert plan.batch_size == len(plan.nodes) and plan.scored_tokens == plan.fixed_tokens + sum(plan.nodes)
             assert plan.measured_target_seconds is not None and plan.predicted_seconds > 0
+            assert step.policy.time_price is None  # the budget prices a batch's time itself
             if not step.policy.probe and plan.batch_size == 3:  # all three planned together: its own share
                 assert step.tree_nodes == plan.nodes[index]
         assert len({step.tree_nodes for _, step in decisions}) > 1

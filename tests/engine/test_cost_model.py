@@ -9,7 +9,7 @@ import pytest
 
 from tests.engine.tiny import tiny_llama
 from verispec.draft.chain_policy import ChainLengthPolicy, PositionAcceptance
-from verispec.draft.tree_policy import Candidate, CostCurve, ProbeSchedule, grow_tree
+from verispec.draft.tree_policy import Candidate, CostCurve, ProbeSchedule, grow_tree, rated_price
 from verispec.engine.cost_model import OnlineCostModel, prior_overhead_shape, prior_shape, size_bucket
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
@@ -222,6 +222,8 @@ def test_stats_record_each_rounds_decision():
     assert all(p["predicted_seconds"] > 0 and p["measured_target_seconds"] > 0 for p in policies)
     assert record["root_only_rounds"] == sum(p["scored_tokens"] == 1 for p in policies)
     assert decoder.cost_model.readings == len(policies)
+    # the price of time each round's size was chosen at: the running rate of the rounds before it
+    assert policies[0]["time_price"] == 1.0 and all(p["time_price"] >= 1.0 for p in policies)
 
 
 def test_default_draft_len_is_chosen_per_round_for_chain_rules_only():
@@ -260,10 +262,11 @@ def test_token_tree_shortcut_chooses_what_growing_would():
     sizes = set()
     for step in range(60):
         cost = CostCurve(((1, 1.0), (2, 1.0 + (0.5 if step % 3 else 0.01)), (16, 3.0)), overhead=0.0)
+        rate = drafter.rate.value  # the price of time this round: the drafter's running rate
         tree = drafter.propose(cost=cost)
         full = drafter.offered_tree(cost=cost)
         table = cost.table(full.num_nodes)
-        gains = [1.0 + sum(full.scores[1:n]) - table[n - 1] / table[0] for n in range(1, full.num_nodes + 1)]
+        gains = [1.0 + sum(full.scores[1:n]) - rated_price(table[n - 1] / table[0], rate) for n in range(1, full.num_nodes + 1)]
         keep = int(np.argmax(gains)) + 1
         assert tree.tokens == full.tokens[:keep], step
         sizes.add(tree.num_nodes)
@@ -273,6 +276,25 @@ def test_token_tree_shortcut_chooses_what_growing_would():
         drafter.observe_walk(tree, visited)
         drafter.commit([tree.tokens[n] for n in visited[1:]], int(generator.integers(1, 6)))
     assert 1 in sizes and max(sizes) > 1  # both kinds of rounds were compared
+    assert drafter.rate.value > 1.0  # and the rounds after the first priced time above plain decoding's
+
+
+def test_token_tree_drafter_prices_time_at_its_past_rounds_rate():
+    """Each committed round adds its tokens (accepted + 1) and its modelled cost relative to a plain
+    round, cost(n) / cost(1), to the drafter's running rate; a round that scored the root alone
+    (or rested) adds 1 token in 1 plain round."""
+    drafter = TokenTreeDrafter(16, k=3, max_nodes=8, max_depth=4, probes=ProbeSchedule(every=1000, size=2))
+    drafter.reset([1, 2, 3, 4, 1, 2, 3, 5, 1, 2])
+    cost = CostCurve(((1, 1.0), (16, 1.5)), overhead=0.02)
+    tokens, plain_rounds, decay = drafter.rate.tokens, drafter.rate.plain_rounds, drafter.rate.decay
+    tree = drafter.propose(cost=cost)
+    assert tree.num_nodes > 1
+    drafter.commit([tree.tokens[1]], 9)
+    assert drafter.rate.tokens == pytest.approx(decay * tokens + 2)
+    assert drafter.rate.plain_rounds == pytest.approx(decay * plain_rounds + cost(tree.num_nodes) / cost(1))
+    tokens, plain_rounds = drafter.rate.tokens, drafter.rate.plain_rounds
+    drafter.commit([], 4)  # a resting round: nothing proposed
+    assert (drafter.rate.tokens, drafter.rate.plain_rounds) == pytest.approx((decay * tokens + 1, decay * plain_rounds + 1))
 
 
 def test_a_backend_prior_shapes_the_first_rounds_and_readings_still_rule():

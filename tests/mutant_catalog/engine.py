@@ -180,7 +180,39 @@ MUTANTS = [
     Mutant(
         "best_prefix_by_round_ratio",
         "the tree keeps the prefix with the round's best tokens-per-cost ratio instead of the gain over plain decoding",
-        (("draft/tree_policy.py", "        gain = 1.0 + total - costs[nodes - 1] / plain", "        gain = (1.0 + total) / costs[nodes - 1] - 1.0 / plain"),),
+        (("draft/tree_policy.py", "        gain = 1.0 + total - rated_price(costs[nodes - 1] / plain, rate)",
+          "        gain = (1.0 + total) / (costs[nodes - 1] / plain) - 1.0"),),
+        ("tests/draft/test_tree_policy.py",),
+    ),
+    Mutant(
+        "best_prefix_prices_time_at_plain_rate",
+        "the tree's cut ignores the running rate: time priced at plain decoding's rate whatever the decoder reaches",
+        (("draft/tree_policy.py", "        gain = 1.0 + total - rated_price(costs[nodes - 1] / plain, rate)",
+          "        gain = 1.0 + total - rated_price(costs[nodes - 1] / plain, 1.0)"),),
+        ("tests/draft/test_tree_policy.py",),
+    ),
+    Mutant(
+        "root_alone_bound_at_plain_rate",
+        "the shortcut's bound prices time at plain decoding's rate while the cut prices it at the running rate",
+        (("draft/tree_policy.py", "rated_price(costs[nodes] / plain, rate) < 0.0", "costs[nodes] / plain < 0.0"),),
+        ("tests/draft/test_tree_policy.py",),
+    ),
+    Mutant(
+        "running_rate_without_bonus_token",
+        "the running rate counts the accepted tokens of a round but not the token the target adds",
+        (("engine/drafters.py", "self.rate.record(len(accepted) + 1, self._relative_cost)", "self.rate.record(len(accepted), self._relative_cost)"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
+        "running_rate_round_costs_one_plain_round",
+        "the running rate counts every round as one plain round's time, whatever its tree cost",
+        (("engine/drafters.py", "            self._relative_cost = float(table[-1] / table[0])", "            self._relative_cost = 1.0"),),
+        ("tests/engine/test_cost_model.py",),
+    ),
+    Mutant(
+        "running_rate_below_plain",
+        "the running rate may sink below plain decoding's (time priced under what plain rounds earn)",
+        (("draft/tree_policy.py", "        return max(1.0, self.tokens / self.plain_rounds)", "        return self.tokens / self.plain_rounds"),),
         ("tests/draft/test_tree_policy.py",),
     ),
 

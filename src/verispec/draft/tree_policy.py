@@ -8,8 +8,8 @@ estimated probability that the q-free walk reaches it. The expected number of to
 is then 1 + the sum of the scores of the tree's nodes.
 
 Nodes are added best first (a child never scores above its parent, so every prefix of that order
-is a tree), and the round keeps the prefix that maximises the expected tokens gained over plain
-decoding in the same time (``best_prefix``: the long-run rate, not the round's own), where a cost
+is a tree), and the round keeps the prefix that maximises the expected tokens gained over what the
+decoder's long-run rate (``LongRunRate``) earns in the same time (``best_prefix``), where a cost
 table gives the cost of a round scoring n tokens: the engine's online model
 (``engine.cost_model.OnlineCostModel``, seconds learned from past rounds, per-node overhead
 included) or a fixed ``CostCurve`` (relative to one token). When no candidate is worth its cost
@@ -272,29 +272,39 @@ def grow_tree(
     cost: CostTable,
     max_nodes: int,
     max_depth: int,
+    rate: float = 1.0,
 ) -> CandidateTree:
     """Best-first tree over candidates (``BestFirstOrder``, grown to ``max_nodes`` + 1 nodes).
-    Keeps the prefix of the best-first order that ``best_prefix`` chooses; ``offered`` holds the
-    whole order."""
+    Keeps the prefix of the best-first order that ``best_prefix`` chooses at ``rate``; ``offered``
+    holds the whole order."""
     order = BestFirstOrder(root_token, root_candidates, expand, max_nodes, max_depth)
     order.grow(int(max_nodes) + 1)
-    keep, expected = best_prefix(order.scores, cost)
+    keep, expected = best_prefix(order.scores, cost, rate)
     return order.tree(expected).prefix(keep)
 
 
-def best_prefix(scores: Sequence[float], cost: CostTable) -> tuple[int, float]:
+def rated_price(relative_cost: float, rate: float) -> float:
+    """A round's price in expected tokens: what the decoder earns at ``rate`` (tokens per plain
+    round's time) in the round's extra time over a plain round, plus the plain round's own token:
+    rate x (cost(n) / cost(1) - 1) + 1. At rate 1 this is cost(n) / cost(1)."""
+    return rate * (relative_cost - 1.0) + 1.0
+
+
+def best_prefix(scores: Sequence[float], cost: CostTable, rate: float = 1.0) -> tuple[int, float]:
     """(nodes kept, root included: the first maximum over prefixes of the expected tokens gained
-    over plain decoding in the same time, (1 + cumulative score) - cost(nodes) / cost(1); expected
-    tokens of the whole order).
+    over the long-run rate in the same time, (1 + cumulative score) - ``rated_price``(cost(nodes) /
+    cost(1), rate); expected tokens of the whole order).
 
     Why a difference and not the ratio (1 + cumulative score) / cost(nodes): the goal is the
     long-run rate, total tokens over total time, and a round that maximises its own ratio is
     too timid on a round whose first nodes are nearly sure (its ratio is already high, so a
     further node must beat it) and too bold on a weak one. The long-run optimum keeps a node
-    while its score exceeds its extra cost times the rate the decoder could reach otherwise
-    (renewal-reward; Dinkelbach); that rate is at least plain decoding's, 1 / cost(1), which is
-    the rate used here: no state, and on the tuning prompts' replayed rounds it did as well as the
-    decoder's own running rate (``benchmarks/acceptance_priors.py --replay``).
+    while its score exceeds its extra cost times the rate the decoder reaches (renewal-reward;
+    Dinkelbach's parameter is the optimal rate), ``rate`` in tokens per plain round's time: the
+    decoder's running rate (``LongRunRate``, >= 1, plain decoding's). On the tuning prompts'
+    recorded rounds the running rate came 0.5 to 0.9 points of the hindsight oracle closer than
+    plain decoding's rate (docs/adaptive-speculation.md): a node is kept only if it pays more than
+    what the time would earn anyway.
 
     In Python: at most max_nodes + 1 entries, where NumPy's per-call cost exceeded the arithmetic
     (the same sums, in the same order, as ``1 + np.cumsum``)."""
@@ -305,24 +315,55 @@ def best_prefix(scores: Sequence[float], cost: CostTable) -> tuple[int, float]:
     keep, best, total = 1, 0.0, 0.0  # the root alone gains nothing over plain decoding
     for nodes in range(2, len(scores) + 1):
         total += scores[nodes - 1]
-        gain = 1.0 + total - costs[nodes - 1] / plain
+        gain = 1.0 + total - rated_price(costs[nodes - 1] / plain, rate)
         if gain > best:
             keep, best = nodes, gain
     return keep, 1.0 + total
 
 
-def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int) -> bool:
+def root_alone_wins(best_accept: float, cost: CostTable, max_nodes: int, rate: float = 1.0) -> bool:
     """Whether ``grow_tree`` would keep the root alone, known before growing anything: every node's
     score is a product of acceptances <= 1, so none exceeds ``best_accept``, the best root
     candidate's, and a tree of k nodes expects at most 1 + (k - 1) x best_accept tokens. When that
-    bound's gain over plain decoding (``best_prefix``) stays strictly below the root alone's, 0,
+    bound's gain (``best_prefix`` at ``rate``) stays strictly below the root alone's, 0,
     for every k up to 1 + max_nodes, no prefix of the best-first order can win (grow_tree keeps
     the first maximum), so the round is plain decoding and growing the tree would be wasted work."""
     if max_nodes < 1:
         return True
     costs = cost.table(1 + int(max_nodes)).tolist()  # Python over <= 25 entries: cheaper than NumPy's calls
     best, plain = max(float(best_accept), 0.0), costs[0]
-    return all(1.0 + nodes * best - costs[nodes] / plain < 0.0 for nodes in range(1, len(costs)))
+    return all(1.0 + nodes * best - rated_price(costs[nodes] / plain, rate) < 0.0 for nodes in range(1, len(costs)))
+
+
+@dataclass
+class LongRunRate:
+    """The decoder's running rate in tokens per plain round's time (plain decoding: 1), the price
+    of time in ``best_prefix``: each round adds its emitted tokens and its modelled cost relative to a
+    plain round, cost(n) / cost(1), both decayed by ``decay`` per round, on top of ``prior_weight``
+    plain rounds. Never below 1: plain decoding is always available. Past rounds only, so a tree
+    sized by it keeps every rule exact."""
+
+    decay: float = 0.95
+    prior_weight: float = 4.0
+    tokens: float = field(default=-1.0)
+    plain_rounds: float = field(default=-1.0)
+
+    def __post_init__(self):
+        if not 0.0 < self.decay <= 1.0 or not self.prior_weight >= 0.0:
+            raise ConfigError(f"a long-run rate needs 0 < decay <= 1 and prior_weight >= 0, got {self.decay}, {self.prior_weight}")
+        if self.tokens < 0.0 or self.plain_rounds < 0.0:
+            self.tokens = self.plain_rounds = float(self.prior_weight)
+
+    def record(self, tokens: int, relative_cost: float) -> None:
+        """One round emitted ``tokens`` in ``relative_cost`` plain rounds' time."""
+        self.tokens = self.decay * self.tokens + float(tokens)
+        self.plain_rounds = self.decay * self.plain_rounds + float(relative_cost)
+
+    @property
+    def value(self) -> float:
+        if self.plain_rounds <= 0.0:
+            return 1.0
+        return max(1.0, self.tokens / self.plain_rounds)
 
 
 @dataclass

@@ -14,7 +14,9 @@ policy, ``split_scored_tokens``, shares T out by expected tokens against that co
   maximising the expected tokens gained over plain batched decoding in the same time, (sum over
   sequences of expected tokens) - seconds(T) x B / seconds(T0), T = B + nodes kept (each
   sequence's root is always scored) + the tokens other sequences already queued (a prefill), T0
-  the same without nodes (the long-run rate, as ``draft.tree_policy.best_prefix``);
+  the same without nodes (time priced at plain batched decoding's rate; a sequence deciding alone
+  prices it at its own running rate, ``draft.tree_policy.LongRunRate``, but a batch's speculation
+  earns little over plain batching, 1.08x at 4 sequences (docs/numbers.md), so that rate is ~1 here);
 * each sequence drafts its share of that prefix.
 
 A token tree's offer is read lazily (``draft.tree_policy.BestFirstOrder``): the merge takes
@@ -22,7 +24,7 @@ entries best first and stops once no longer prefix can gain more (every later en
 most the next one), so each tree is grown about as far as the split keeps, not to its 24 nodes.
 
 With one sequence this is exactly the single-sequence choice of ``draft.tree_policy.grow_tree``
-(``best_prefix``: the gain over plain decoding, first maximum). With many, a forward over B roots already
+at rate 1 (``best_prefix``: the gain over plain decoding, first maximum). With many, a forward over B roots already
 costs more, each extra node adds the same seconds but only one sequence's gain, so the trees
 shrink and speculation turns off by itself once no candidate is worth its cost; the sequences
 with the most promising candidates (a long copy match) get the tokens. The offers and the cost

@@ -89,7 +89,9 @@ class RoundDecision:
     overhead) when it chose (a resting round, which chooses nothing: the prediction standing since the
     last choice, ``OnlineCostModel.standing_seconds``); measured_target_seconds / measured_round_seconds: what the round then
     took; probe: the round was forced larger than the policy's choice to keep learning; batch: in a
-    batched round, the batch budget's decision (predicted_seconds is then the batched round's)."""
+    batched round, the batch budget's decision (predicted_seconds is then the batched round's);
+    time_price: a token tree deciding alone: the running rate, in tokens per plain round's time,
+    that a node had to beat to be kept (``draft.tree_policy.LongRunRate``; None otherwise)."""
 
     scored_tokens: int
     expected_tokens: float
@@ -100,6 +102,7 @@ class RoundDecision:
     measured_round_seconds: float | None = None
     # in a batch: the budget's decision for the whole batched round (engine.batch_budget.BatchRoundDecision)
     batch: object | None = None
+    time_price: float | None = None
 
 
 class OnlineCostModel:

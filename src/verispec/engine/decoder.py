@@ -527,10 +527,13 @@ class SpeculativeDecoder(TextDecoding):
         (``core.rows.LogitRows``)."""
         tic = time.perf_counter()
         # the deepest node sits at position length - 1 + depth: keep it inside the target's context
+        rate = getattr(self.drafter, "rate", None)  # read before the round's commit updates it
+        time_price = None if rate is None else rate.value
         candidates = self.drafter.propose(max_depth=self.target.max_context - length, cost=self.cost_model)
         plan = candidates.plan  # in a batch: the batch budget chose the size, for the batched forward's cost
         predicted = self.cost_model.round_seconds(candidates.num_nodes) if plan is None else plan.predicted_seconds
-        decision = RoundDecision(candidates.num_nodes, candidates.expected_tokens, predicted, candidates.probe, batch=plan)
+        decision = RoundDecision(candidates.num_nodes, candidates.expected_tokens, predicted, candidates.probe, batch=plan,
+                                 time_price=time_price if plan is None else None)
         draft_seconds = time.perf_counter() - tic
 
         tic = time.perf_counter()

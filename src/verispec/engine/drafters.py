@@ -16,7 +16,7 @@ import numpy as np
 from verispec.core.sampling import SamplingParams, logits_to_probs, process_probs
 from verispec.draft.tree_policy import (
     ACCEPT_PRIOR, SIBLING_RANKS, AcceptanceEstimates, BestFirstOrder, Candidate, CandidateTree, CostTable, ProbeSchedule, RestSchedule, adjacency_bucket,
-    copy_bucket, grow_tree, root_alone_wins,
+    LongRunRate, copy_bucket, grow_tree, root_alone_wins,
 )
 from verispec.errors import ConfigError
 from verispec.models.token_tree import AdjacencyTable, SuffixIndex
@@ -200,6 +200,10 @@ class TokenTreeDrafter:
         self.estimates = AcceptanceEstimates(prior_scale=prior_scale)
         self.shadow_trials = bool(shadow_trials)
         self.rest = RestSchedule(after=0) if rest is None else rest  # None: never rests
+        # the price of time in the size policy (``best_prefix``): tokens per plain round's time, from
+        # past rounds; like the estimates it describes the target and the machine, so it survives ``reset``
+        self.rate = LongRunRate()
+        self._relative_cost = 1.0  # this round's modelled cost over a plain round's (``propose``)
         # a root-only round's root candidates, recorded as trials once its token is known (commit)
         self._shadow: tuple[Candidate, ...] = ()
         self._root: list[Candidate] = []  # this round's root candidates
@@ -236,6 +240,9 @@ class TokenTreeDrafter:
         only as far as its merge reads; the tree's ``offered`` then holds what was grown. A root-only tree keeps its
         root candidates for the shadow trials ``commit`` records (``shadow_trials``)."""
         tree = self._propose(max_depth, cost)
+        if tree.num_nodes > 1 and self.planner is None:
+            table = self._cost(cost).table(tree.num_nodes)
+            self._relative_cost = float(table[-1] / table[0])
         if self.batch_refresh:
             self.scoring = tree.tokens
         self._shadow = tuple(self._root) if tree.num_nodes == 1 and self.shadow_trials else ()
@@ -263,13 +270,14 @@ class TokenTreeDrafter:
                 return replace(order.tree().prefix(1 + self.probes.size), probe=True)
             return replace(order.tree().prefix(nodes), plan=plan)
         best = max((c.accept for c in root), default=0.0)
-        if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes):
+        rate = self.rate.value
+        if best > 0.0 and self.max_nodes >= 1 and root_alone_wins(best, cost, self.max_nodes, rate):
             # grow_tree would keep the root alone while offering more (a root candidate scores > 0)
             if not self.probes.due(False, cost):
                 return CandidateTree((token,), (-1,), (None,), (1.0,), 1.0)
-            tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
+            tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth, rate)
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
-        tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth)
+        tree = grow_tree(token, root, self._expand, cost, self.max_nodes, depth, rate)
         if tree.offered.num_nodes > 1 and self.probes.due(tree.num_nodes > 1, cost):
             return replace(tree.offered.prefix(1 + self.probes.size), probe=True)
         return tree
@@ -381,6 +389,9 @@ class TokenTreeDrafter:
         self.estimates.record(outcomes)
 
     def commit(self, accepted, next_token):
+        if self.planner is None:  # alone (a batch's budget prices its own rounds)
+            self.rate.record(len(accepted) + 1, self._relative_cost)  # resting or root-only: 1 plain round
+        self._relative_cost = 1.0
         if self._shadow:
             self.estimates.record([(c.cls, c.token == int(next_token)) for c in self._shadow])
             self._shadow = ()
