@@ -94,21 +94,23 @@ def test_bf16_native_equals_transformers_runner():
     torch.testing.assert_close(a, b, atol=0.05, rtol=0)
 
 
-def test_prepacked_bf16_weights_give_the_same_logits():
-    if not _can_prepack(torch.bfloat16, torch.device("cpu")):
-        pytest.skip("this torch build has no oneDNN bf16 linear (prepacking is then off)")
-    model = llama(hidden_size=64, intermediate_size=160).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype, atol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+def test_prepacked_weights_give_the_same_logits(dtype, atol):
+    """bf16 and fp32 are packed for oneDNN by default where the ops exist (fp32: MKL's sgemm ran m
+    rows as m matrix-vector products on a Zen 5); the logits match F.linear's to rounding."""
+    if not _can_prepack(dtype, torch.device("cpu")):
+        pytest.skip(f"this torch build has no oneDNN {dtype} linear (prepacking is then off)")
+    model = llama(hidden_size=64, intermediate_size=160).to(dtype)
     packed, plain = NativeLlamaRunner(model), NativeLlamaRunner(model, prepack=False)
     assert packed.prepacked and not plain.prepacked and packed.head is not None
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
     a, b = packed.forward(ids, list(range(8)), None, keep=8), plain.forward(ids, list(range(8)), None, keep=8)
-    torch.testing.assert_close(a, b, atol=1e-2, rtol=0)
-    assert NativeLlamaRunner(llama()).prepacked is False  # fp32: F.linear on the module weights
+    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+    assert NativeLlamaRunner(llama().to(torch.float64)).prepacked is False  # float64: F.linear on the module weights
 
 
 def _packs_float32() -> bool:
-    """Whether this torch build has the oneDNN packed linear for float32 (the runner packs only bf16
-    by default, but accepts prepack=True; the sharing logic is the same for either dtype)."""
+    """Whether this torch build has the oneDNN packed linear for float32."""
     try:
         weight = torch.ones(4, 8)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
