@@ -1,12 +1,12 @@
 """Cost of one model forward through each adapter runner, side by side in one run.
 
-    python benchmarks/runner_speed.py [--model default|DIR] [--dtype bf16] [--threads 1] [--context 200]
+    python benchmarks/runner_speed.py [--model default|DIR] [--dtype bf16] [--threads 1] [--context 200] [--sizes 1,5]
 
-For 1 and 5 new tokens after a cached context (a chain step and an L = 4 target scoring), times
+For each size of new tokens after a cached context (default 1 and 5: a chain step and an L = 4 target scoring), times
 the median of ``--repeats`` forwards of:
     transformers       the model's own forward over a DynamicCache (models.hf.TransformersRunner)
     native, plain      NativeLlamaRunner with F.linear on the module weights
-    native, prepacked  NativeLlamaRunner with bf16 weights packed once for oneDNN (CPU bf16 only)
+    native, prepacked  NativeLlamaRunner with weights packed once for oneDNN (CPU bf16 and fp32)
 and prints milliseconds, the ratio to the transformers runner, and the largest logit difference.
 """
 
@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--context", type=int, default=200, help="cached tokens before the timed forwards")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--sizes", default="1,5", help="comma list of new-token counts per forward (default 1,5)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import verispec.models.default_draft  # noqa: F401  registers the sub-vocabulary draft architecture
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     print(f"{args.model}, {args.dtype}, {torch.get_num_threads()} threads, {args.context} cached tokens, "
           f"median of {args.repeats}")
     print(f"{'new tokens':>10}  {'runner':>18}  {'ms':>8}  {'vs transformers':>15}  {'max |logit diff|':>16}")
-    for count in (1, 5):
+    for count in [int(size) for size in args.sizes.split(",")]:
         new = torch.randint(0, vocab, (count,), generator=generator).tolist()
         reference_ms, reference = None, None
         for name, runner in runners.items():
