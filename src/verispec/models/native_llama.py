@@ -28,9 +28,10 @@ fp32 on CPU: ``F.linear`` goes to MKL's sgemm, which on an AMD Zen 5 (1 thread) 
 rows as m matrix-vector products: the output layer took 6.6 ms at 1 row, 13.9 ms at 2, 20.6 ms at 3.
 oneDNN's product on the packed fp32 weight took 2.8, 3.0 and 3.2 ms (5.6 ms at 16 rows), with an
 error against a float64 product of the same order (4e-6 against 2e-6 for MKL, relative to outputs of
-~1), and a row's result did not depend on how many rows shared the product for the q|k|v, gate|up
-and output shapes. So fp32 is packed too: plain decoding 1.58x faster and the default token trees
-2.0x on held-out prompts (``benchmarks/runner_speed.py``, docs/numbers.md).
+~1), and a row's result did not depend on how many rows (2-25) shared the product, except in the
+down projection (K = 1536: up to 9e-6). So fp32 is packed too: one forward 1.6x faster at 1 token, 2.5x at 5; on held-out
+prompts plain decoding 1.5x and the default token trees 1.9x (``benchmarks/runner_speed.py``,
+``benchmarks/prepack_speed.py``; docs/numbers.md).
 
 The price is one extra copy of the linear weights in memory (bf16: +251 MB for the default target,
 fp32: twice that, 134.5 M weights x 4 bytes), and the packed copies are a snapshot: build a new runner (a new adapter) after
