@@ -345,14 +345,13 @@ class LongRunRate:
 
     decay: float = 0.95
     prior_weight: float = 4.0
-    tokens: float = field(default=-1.0)
-    plain_rounds: float = field(default=-1.0)
+    tokens: float = field(init=False)  # decayed tokens emitted, prior included
+    plain_rounds: float = field(init=False)  # decayed time they took, in plain rounds
 
     def __post_init__(self):
         if not 0.0 < self.decay <= 1.0 or not self.prior_weight >= 0.0:
             raise ConfigError(f"a long-run rate needs 0 < decay <= 1 and prior_weight >= 0, got {self.decay}, {self.prior_weight}")
-        if self.tokens < 0.0 or self.plain_rounds < 0.0:
-            self.tokens = self.plain_rounds = float(self.prior_weight)
+        self.tokens = self.plain_rounds = float(self.prior_weight)
 
     def record(self, tokens: int, relative_cost: float) -> None:
         """One round emitted ``tokens`` in ``relative_cost`` plain rounds' time."""
