@@ -63,20 +63,11 @@ class AdjacencyTable:
     def update(self, tokens: Sequence[int], logits: torch.Tensor) -> None:
         """Record the top-k of ``logits`` (n, V) as the next tokens of ``tokens`` (n,); rows of
         tokens < 0 (an unset root) are skipped. When a token occurs at several nodes the last
-        row wins (the deepest, most recent context): only that row is read.
-
-        The top-k of the softmax, not of the logits: the same ids (exp is increasing) with their
-        probabilities, in two torch kernels. This runs right after every target forward, when
-        every kernel's code is cold: each extra pass (the former logsumexp, its exp and
-        subtraction, NumPy's casts and fancy assignment) cost 20-60 us there, several times its
-        warm cost, so the fewest distinct kernels win."""
-        last = {int(token): node for node, token in enumerate(tokens) if token >= 0}
-        if not last:
-            return
-        rows = logits if len(last) == logits.shape[0] else logits[list(last.values())]
-        probs = torch.softmax(rows.float(), dim=-1).cpu()  # the table lives on the CPU
-        for row, token in enumerate(last):
-            torch.topk(probs[row], self.k, out=(self._next_probs[token], self._next_tokens[token]))
+        row wins (the deepest, most recent context): only that row is read. ``update_rows`` over
+        all n rows: its one softmax and two-stage top-k cost half the per-row ``torch.topk`` calls
+        this used to make (5 rows: 172 against 335 us; 25 rows: 874 against 1843 us; V = 49,152,
+        1 thread, Zen 5)."""
+        self.update_rows(tokens, logits, range(len(tokens)))
 
     @torch.no_grad()
     def update_rows(self, tokens: Sequence[int], logits: torch.Tensor, rows: Sequence[int]) -> None:
