@@ -316,3 +316,15 @@ def test_a_backend_prior_shapes_the_first_rounds_and_readings_still_rule():
     decoder = SpeculativeDecoder(target, temperature=0, max_new_tokens=4, eos_token_id=[])
     np.testing.assert_allclose(decoder.cost_model.table(20), sizes + prior_overhead_shape(sizes))
     np.testing.assert_allclose(decoder.batch_cost_model.table(20), sizes + prior_overhead_shape(sizes))
+
+
+def test_a_batch_sequences_drafter_keeps_its_own_running_rate():
+    """``token_tree_copy`` shares the adjacency table and the estimates (they describe the target),
+    but each sequence's running rate is its own: its rounds do not price another's time."""
+    from verispec.engine.batch import token_tree_copy
+
+    drafter = TokenTreeDrafter(16, k=3, max_nodes=8, max_depth=4)
+    own = token_tree_copy(drafter)
+    assert own.estimates is drafter.estimates and own.rate is not drafter.rate
+    own.rate.record(5, 1.0)
+    assert own.rate.value > 1.0 and drafter.rate.value == 1.0

@@ -140,6 +140,7 @@ def token_tree_copy(drafter: TokenTreeDrafter) -> TokenTreeDrafter:
     own.index = SuffixIndex(drafter.index.max_match, drafter.index.max_scan)
     own.probes = dataclasses.replace(drafter.probes, plain_streak=0)
     own.rest = dataclasses.replace(drafter.rest, quiet=0, rested=0)
+    own.rate = copy.copy(drafter.rate)  # its own running rate (a budget that caps trees lets each size its own)
     own._rates = {}
     own._shadow = ()
     own.batch_refresh, own.scoring = False, None  # the batch that runs it decides (``_batch_drafter``)
