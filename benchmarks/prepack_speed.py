@@ -16,12 +16,11 @@ max over prompts x repeats of the ratio; how many plain texts are equal packed a
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
 import torch
 
-from robustness import SPEC_BENCH, held_out_prompts
+from robustness import SPEC_BENCH, geometric_mean, held_out_prompts
 from verispec.cli.generate import DTYPES
 from verispec.distill.data import default_spec_bench_path
 from verispec.engine.decoder import SpeculativeDecoder
@@ -37,10 +36,6 @@ PAIRS = (
     ("packed: default / plain", ("packed", "default"), ("packed", "plain")),
     ("packed default / unpacked plain", ("packed", "default"), ("unpacked", "plain")),
 )
-
-
-def geometric_mean(values) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
 def main(argv=None) -> int:

@@ -109,21 +109,10 @@ def test_prepacked_weights_give_the_same_logits(dtype, atol):
     assert NativeLlamaRunner(llama().to(torch.float64)).prepacked is False  # float64: F.linear on the module weights
 
 
-def _packs_float32() -> bool:
-    """Whether this torch build has the oneDNN packed linear for float32."""
-    try:
-        weight = torch.ones(4, 8)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2, 8), packed, None, "none", [], "")
-    except (RuntimeError, AttributeError):
-        return False
-    return True
-
-
 def test_runners_of_one_model_share_packed_weights():
     """share_weights_from (the server's workers): the second runner multiplies with the first's packed
     weights, with unchanged logits; runners of another model, or unpacked ones, are left alone."""
-    if not _packs_float32():
+    if not _can_prepack(torch.float32, torch.device("cpu")):
         pytest.skip("this torch build has no oneDNN packed linear")
     model = llama()
     first, second = NativeLlamaRunner(model, prepack=True), NativeLlamaRunner(model, prepack=True)
