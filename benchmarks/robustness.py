@@ -121,7 +121,7 @@ def held_out_prompts(limit: int | None, per_category: int, spec_bench: str, cate
             by_category[prompt.category].append(prompt)
     # round-robin over the categories, Spec-Bench's own (16 held-out prompts each: translation,
     # summarization, qa, math_reasoning, rag) before MT-bench's, so a small --limit still spans several
-    groups = sorted(by_category.values(), key=lambda group: -sum(1 for p in prompts if p.category == group[0].category))
+    groups = sorted((group for group in by_category.values() if group), key=lambda group: -sum(1 for p in prompts if p.category == group[0].category))
     spec_bench = []
     for depth in range(per_category):
         spec_bench += [group[depth] for group in groups if depth < len(group)]
