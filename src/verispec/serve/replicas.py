@@ -13,6 +13,7 @@ replica's thread alone.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 from verispec.core.threads import usable_cores
@@ -50,6 +51,7 @@ class ReplicatedBatches:
         self.max_queue = sum(replica.max_queue for replica in self.replicas)
         self.threads_per_worker = self.replicas[0].threads_per_worker
         self.workers = [worker for replica in self.replicas for worker in replica.workers]
+        self._turns = itertools.count()  # ties between equally loaded replicas go round in turn
 
     # hooks of the app (metrics): set on every replica
     @property
@@ -98,10 +100,13 @@ class ReplicatedBatches:
         self.replicas[0].check(settings)
 
     def submit(self, job: Job) -> None:
-        """Queue ``job`` on the least loaded replica that has room; ``QueueFull`` (with the shortest
-        Retry-After) when none has, ``ShuttingDown`` once the server stops accepting."""
+        """Queue ``job`` on the least loaded replica that has room (equally loaded ones in turn, so
+        requests that arrive one after another on an idle server still spread); ``QueueFull`` (with
+        the shortest Retry-After) when none has, ``ShuttingDown`` once the server stops accepting."""
         refusals: list[QueueFull] = []
-        for replica in sorted(self.replicas, key=lambda r: r.busy_workers + r.queue_depth):
+        turn, count = next(self._turns), len(self.replicas)
+        order = sorted(range(count), key=lambda i: (self.replicas[i].busy_workers + self.replicas[i].queue_depth, (i - turn) % count))
+        for replica in (self.replicas[i] for i in order):
             try:
                 return replica.submit(job)
             except QueueFull as full:

@@ -34,6 +34,7 @@ import torch
 
 from verispec.core.threads import default_threads
 from verispec.engine.batch import token_tree_copy
+from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.engine.results import GenerationOutput
@@ -138,12 +139,15 @@ class Worker:
         self.draft = draft
         self.tokenizer = copy.deepcopy(tokenizer)
         self.token_tree: TokenTreeDrafter | None = None  # the tables this worker's token trees learn in
+        # the round timings of this worker's own requests: they describe the machine, so each
+        # request's sizes start from what the earlier ones measured, not from the prior curve
+        self.cost_model = OnlineCostModel(prior_points=getattr(target_adapter, "cost_prior", None))
 
     def decoder(self, settings: DecodeSettings, target=None, draft=None) -> SpeculativeDecoder:
         """A decoder for one request over this worker's adapters, or over ``target`` and ``draft``
         (a batch's slot adapters; cheap: no model work). Token trees of this worker's own requests share one adjacency table and
         acceptance estimates, which describe the target: each request starts from what the
-        earlier ones learned (as ``generate`` does from prompt to prompt)."""
+        earlier ones learned (as ``generate`` does from prompt to prompt), and so does their cost model."""
         decoder = SpeculativeDecoder(
             target or self.target,
             None if settings.method == "ar" else self.draft if draft is None else draft,
@@ -158,6 +162,7 @@ class Worker:
             max_new_tokens=settings.max_new_tokens,
             stop=settings.stop,
             seed=settings.seed,
+            cost_model=self.cost_model if target is None else None,
         )
         if target is None and isinstance(decoder.drafter, TokenTreeDrafter):
             if self.token_tree is None:
