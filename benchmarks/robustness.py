@@ -3,7 +3,7 @@ the online cost model) against plain decoding on held-out prompts, with an oracl
 
 Usage:
     python benchmarks/robustness.py [--limit N] [--per-category 3] [--categories qa,rag] [--humaneval N] [--max-new-tokens 128]
-        [--threads 1,2] [--temperatures 0,0.6] [--load | --no-load] [--repeats 2] [--warm] [--no-cost-cache]
+        [--threads 1,2] [--temperatures 0,0.6] [--load | --no-load] [--repeats 2] [--warm]
         [--dtype auto] [--ignore-eos] [--json OUT.json]
 
 Prompts: held-out only (``verispec.distill.data.split_prompts("heldout")``): HumanEval 0-39 and
@@ -17,11 +17,8 @@ draws with seed = the prompt's index otherwise) and load: without, then with a C
 this script's own pinned to core 0 (started before and killed after the loaded runs; --load /
 --no-load keep only one). Within a condition, for every prompt, plain and default run back to
 back, --repeats times, the order alternating (A B, B A, ...). Each run gets fresh decoders (a cold
-adjacency table and fresh acceptance estimates, as a new ``verispec generate`` process has), whose
-cost model starts, as the command's does, from the curve the previous run kept on disk
-(``engine.cost_memory``; a new empty cache per condition, so its first prompt starts from the
-shipped prior); --no-cost-cache starts every run from the prior; --warm keeps one decoder per
-configuration for the whole condition (a server).
+adjacency table and a cost model at its prior, as a new ``verispec generate`` process has); --warm
+keeps one decoder per configuration for the whole condition (a server).
 
 --ignore-eos decodes exactly --max-new-tokens tokens in both configurations (no EOS stop, as
 serving benchmarks fix their output lengths). Use it at T > 0 in bf16: the seeded texts of plain and
@@ -56,7 +53,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -227,11 +223,8 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
     if args.ignore_eos:
         common["eos_token_id"] = []  # no EOS: every run decodes exactly max_new_tokens
 
-    folder = None if args.no_cost_cache else tempfile.TemporaryDirectory(prefix="verispec-cost-")  # removed with it
-    cache = None if folder is None else os.path.join(folder.name, "cost.json")
-
     def decoders():
-        return SpeculativeDecoder(model, None, method="ar", **common), SpeculativeDecoder(model, cost_cache=cache or False, **common)
+        return SpeculativeDecoder(model, None, method="ar", **common), SpeculativeDecoder(model, **common)
 
     shared = decoders() if args.warm else None
     if shared is not None:  # first-call allocations and the first cost readings stay out of the numbers
@@ -335,9 +328,6 @@ def main(argv=None) -> int:
     loads.add_argument("--no-load", dest="loads", action="store_const", const=(False,), help="only without it")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration per prompt (default 2)")
     parser.add_argument("--warm", action="store_true", help="one decoder per configuration for a whole condition")
-    parser.add_argument("--no-cost-cache", action="store_true",
-                        help="every run's cost model starts from the shipped prior (default: from the curve the "
-                             "previous run kept, as the verispec command's does)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it natively), fp32 or bf16")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="decode exactly --max-new-tokens tokens, no EOS stop (equal lengths when texts differ)")
@@ -360,8 +350,7 @@ def main(argv=None) -> int:
                                categories, args.humaneval)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu_name()}, {os.cpu_count()} cores, {dtype}, "
           f"{len(prompts)} held-out prompts x {args.repeats} repeats, {'exactly' if args.ignore_eos else 'max'} {args.max_new_tokens} new tokens, "
-          f"{'warm decoders' if args.warm else 'fresh decoders per run'}, "
-          f"{'no cost cache' if args.no_cost_cache else 'cost curve kept between runs'}; load average before: {os.getloadavg()[0]:.1f}")
+          f"{'warm decoders' if args.warm else 'fresh decoders per run'}; load average before: {os.getloadavg()[0]:.1f}")
     results = []
     for load in args.loads or (False, True):
         process = start_load() if load else None

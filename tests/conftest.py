@@ -14,21 +14,6 @@ def single_thread_torch():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def private_cost_cache(tmp_path_factory):
-    """Cost curves the decoders under test keep (``engine.cost_memory``) go to a directory of the
-    suite's own, never into the user's cache, and start empty."""
-    import os
-
-    previous = os.environ.get("VERISPEC_COST_CACHE")
-    os.environ["VERISPEC_COST_CACHE"] = str(tmp_path_factory.mktemp("cost-curves"))
-    yield
-    if previous is None:
-        del os.environ["VERISPEC_COST_CACHE"]
-    else:
-        os.environ["VERISPEC_COST_CACHE"] = previous
-
-
 def toy_pair(vocab_size: int, seed: int = 0, zero_frac: float = 0.25, mix: float = 0.4):
     """Target and draft toy models with exact zeros in both (ALGORITHMS.md §14.1 item 2)."""
     target = ToyModel(vocab_size, seed=seed, zero_frac=zero_frac)

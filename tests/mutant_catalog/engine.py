@@ -8,7 +8,6 @@ from .base import BATCH_DRAFT_TESTS, Mutant
 
 ACCEPTANCE_PRIOR = "tests/engine/test_acceptance_prior.py"
 REST_TESTS = "tests/engine/test_rest_schedule.py"
-COST_MEMORY = "tests/engine/test_cost_memory.py"
 
 MUTANTS = [
     # the batch budget (engine/batch_budget.py) and the share of it each sequence drafts
@@ -230,39 +229,5 @@ MUTANTS = [
         "a resting drafter never proposes again (no shadow trials, no probes: speculation never restarts)",
         (("draft/tree_policy.py", " or self.rested + 1 >= self.wake_every:", ":"),),
         (REST_TESTS,),
-    ),
-
-    # the cost curve kept between processes (engine/cost_memory.py, engine/cost_model.py)
-    Mutant(
-        "cost_memory_forgets_unread_sizes",
-        "saving replaces the kept curve with this process's points (sizes it did not read are lost)",
-        (("engine/cost_memory.py", "        points = {**self.points(), **learned}", "        points = dict(learned)"),),
-        (COST_MEMORY,),
-    ),
-    Mutant(
-        "cost_memory_keeps_unread_buckets",
-        "the learned points include buckets without readings of their own (the prior, saved as if measured)",
-        (("engine/cost_model.py", "for bucket in range(1, self.buckets) if self.target_readings[bucket]}",
-          "for bucket in range(1, self.buckets)}"),),
-        (COST_MEMORY,),
-    ),
-    Mutant(
-        "cost_memory_lost_when_stream_closed",
-        "a decoder keeps its curve only when its run ends by itself (a closed stream keeps nothing)",
-        (("engine/decoder.py", "        try:\n            yield from self._rounds(prompt_ids, rng, chain_policy, start, prefill_seconds)\n        finally:",
-          "        if True:\n            yield from self._rounds(prompt_ids, rng, chain_policy, start, prefill_seconds)\n        if True:"),),
-        (COST_MEMORY,),
-    ),
-    Mutant(
-        "cost_memory_reads_other_versions",
-        "a file of another format version is read as this one's",
-        (("engine/cost_memory.py", "            if record.get(\"version\") != FORMAT_VERSION:", "            if False:"),),
-        (COST_MEMORY,),
-    ),
-    Mutant(
-        "cost_signature_ignores_threads",
-        "the file a target's curve is kept in does not depend on its thread count",
-        (("models/hf.py", "                          f\"threads={torch.get_num_threads()}\", ", "                          "),),
-        (COST_MEMORY,),
     ),
 ]

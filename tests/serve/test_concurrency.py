@@ -126,6 +126,28 @@ def test_workers_share_weights_but_not_caches(tiny_pair, tokenizer):
     assert len({id(worker.tokenizer) for worker in workers}) == 3
 
 
+def test_a_workers_requests_share_its_cost_model_and_a_batch_slot_gets_its_own(tiny_pair, tokenizer):
+    """The round timings describe the machine: a worker's requests size their drafts from what the
+    earlier ones measured; each worker has its own model, and a batch slot's decoder (other adapters)
+    starts from the prior."""
+    from verispec.serve.launch import build_workers
+    from verispec.serve.workers import DecodeSettings
+
+    target, draft = tiny_pair
+    first, second = build_workers(target, draft, tokenizer, 2)
+    settings = DecodeSettings("sd", 1, 3, None, 0.8, 0, 1.0, 8, (), 0)
+    decoder = first.decoder(settings)
+    assert decoder.cost_model is first.cost_model is not second.cost_model
+    decoder.generate([1, 2, 3, 1, 2, 3])
+    assert first.cost_model.readings > 0
+    later = first.decoder(settings)
+    assert later.cost_model is first.cost_model and later.cost_model.readings > 0
+    other_rule = first.decoder(DecodeSettings("bv", 1, 2, None, 0.0, 0, 1.0, 8, (), 3))
+    assert other_rule.cost_model is first.cost_model
+    slot = first.decoder(settings, target=second.target, draft=second.draft)
+    assert slot.cost_model is not first.cost_model and slot.cost_model.readings == 0
+
+
 def test_workers_share_prepacked_bf16_weights(tokenizer):
     """Where the native runner packs bf16 weights for oneDNN, workers share one packed set."""
     import torch

@@ -82,7 +82,6 @@ def _decoder(args, target_model, tokenizer, draft_model, method=None) -> Specula
         device=args.device,
         backend=getattr(args, "backend", "auto"),
         batch_invariant=getattr(args, "batch_invariant", False),
-        cost_cache=not getattr(args, "no_cost_cache", True),
     )
 
 

@@ -54,13 +54,6 @@ def _add_threads_flag(parser: argparse.ArgumentParser) -> None:
                              "(OMP_WAIT_POLICY=PASSIVE) so a busy machine slows decoding down instead of stalling it)")
 
 
-def _add_cost_cache_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-cost-cache", action="store_true",
-                        help="start from the shipped cost curve, not the one an earlier run learned on this machine, "
-                             "and keep nothing (default: kept per machine, model, dtype and threads under "
-                             "$VERISPEC_COST_CACHE or ~/.cache/verispec/cost-curves)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = flags.OneLineParser(prog="verispec", description="Speculative decoding with every verification rule, proven exact.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "per machine): a seed then gives --method ar's text bit for bit in bf16 too; native runner, "
                           "one prompt at a time")
     _add_threads_flag(gen)
-    _add_cost_cache_flag(gen)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--stream", action="store_true", help="print text as blocks are accepted")
@@ -112,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=64)
     demo.add_argument("--seed", type=flags.seed, default=0, help="a whole number in [0, 2**63) (default 0)")
     _add_threads_flag(demo)
-    _add_cost_cache_flag(demo)
     _add_sampling_flags(demo)
 
     from verispec.cli.sprinter import add_sprinter_parser

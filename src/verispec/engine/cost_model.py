@@ -79,26 +79,6 @@ def _prior_overhead_of(n: int) -> float:
     return PRIOR_ROUND_OVERHEAD + (PRIOR_SPECULATION_OVERHEAD if n > 1 else 0.0) + PRIOR_NODE_OVERHEAD * (n - 1)
 
 
-def fill_unobserved(ratios: list[float | None]) -> list[float]:
-    """Unobserved buckets from their observed neighbours (0 = the prior when none is observed):
-    linear between them, constant beyond the outermost ones (``np.interp``'s arithmetic, in
-    Python: a dozen buckets, where NumPy's per-call cost dominated a round's bookkeeping)."""
-    observed = [bucket for bucket, ratio in enumerate(ratios) if ratio is not None]
-    if not observed:
-        return [0.0] * len(ratios)
-    filled = list(ratios)
-    first, last = observed[0], observed[-1]
-    for bucket in range(first):
-        filled[bucket] = ratios[first]
-    for bucket in range(last + 1, len(ratios)):
-        filled[bucket] = ratios[last]
-    for left, right in zip(observed, observed[1:]):
-        slope = (ratios[right] - ratios[left]) / (right - left)
-        for bucket in range(left + 1, right):
-            filled[bucket] = slope * (bucket - left) + ratios[left]
-    return filled
-
-
 @dataclass
 class RoundDecision:
     """What the size policy chose for one round and why (written into ``StepStats.policy``).
@@ -198,14 +178,34 @@ class OnlineCostModel:
         pseudo = [pooled] * self.prior_weight
         return [median(found + pseudo) if found else None for found in logs]
 
+    @staticmethod
+    def _fill(ratios: list[float | None]) -> list[float]:
+        """Unobserved buckets from their observed neighbours (0 = the prior when none is observed):
+        linear between them, constant beyond the outermost ones (``np.interp``'s arithmetic, in
+        Python: a dozen buckets, where NumPy's per-call cost dominated a round's bookkeeping)."""
+        observed = [bucket for bucket, ratio in enumerate(ratios) if ratio is not None]
+        if not observed:
+            return [0.0] * len(ratios)
+        filled = list(ratios)
+        first, last = observed[0], observed[-1]
+        for bucket in range(first):
+            filled[bucket] = ratios[first]
+        for bucket in range(last + 1, len(ratios)):
+            filled[bucket] = ratios[last]
+        for left, right in zip(observed, observed[1:]):
+            slope = (ratios[right] - ratios[left]) / (right - left)
+            for bucket in range(left + 1, right):
+                filled[bucket] = slope * (bucket - left) + ratios[left]
+        return filled
+
     def _current(self) -> tuple[float, np.ndarray, np.ndarray]:
         """(unit, target cost factors, overhead cost factors) per bucket: the exponentials of the
         log ratios, recomputed after a reading."""
         if self._estimates is None:
             unit = self.unit_seconds()
-            target_ratio = fill_unobserved(self._log_ratios(self.target_readings, self._prior_of, unit))
+            target_ratio = self._fill(self._log_ratios(self.target_readings, self._prior_of, unit))
             target_ratio[0] = 0.0  # bucket 0 is the unit itself
-            overhead_ratio = fill_unobserved(self._log_ratios(self.overhead_readings, _prior_overhead_of, unit))
+            overhead_ratio = self._fill(self._log_ratios(self.overhead_readings, _prior_overhead_of, unit))
             self._estimates = (unit, np.exp(target_ratio), np.exp(overhead_ratio))
         return self._estimates
 
@@ -231,17 +231,6 @@ class OnlineCostModel:
             table.setflags(write=False)
             self._table, self._stale = table, False
         return self._table[:n_max]
-
-    def learned_points(self) -> dict[int, tuple[float, int]]:
-        """The target forward's cost relative to one token, as this model now estimates it, at the
-        top of each bucket of n >= 2 that has readings of its own, with how many readings it holds:
-        {2^b: (shape(2^b) x factor(b), readings)} (``engine.cost_memory`` keeps them for the next
-        process on this machine, weighing each by its readings: a bucket read once is mostly the
-        pooled ratio). Empty before any speculative reading; overheads are left out (they depend
-        on the draft and the rule)."""
-        _, target_factor, _ = self._current()
-        return {2 ** bucket: (self._prior_of(2 ** bucket) * float(target_factor[bucket]), len(self.target_readings[bucket]))
-                for bucket in range(1, self.buckets) if self.target_readings[bucket]}
 
     def round_seconds(self, scored_tokens: int) -> float:
         """Predicted seconds of a round scoring ``scored_tokens`` tokens."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
-from os import PathLike
 
 import numpy as np
 
@@ -38,7 +37,6 @@ from verispec.engine.checks import (
     eos_token_ids,
 )
 from verispec.engine.adapters import _as_adapter, draft_backend  # noqa: F401 (imported from here by callers)
-from verispec.engine.cost_memory import CostMemory
 from verispec.engine.cost_model import OnlineCostModel, RoundDecision
 from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter, default_method, is_token_tree
 from verispec.engine.results import GenerationOutput, StepStats
@@ -160,9 +158,8 @@ class SpeculativeDecoder(TextDecoding):
     ``DraftTree`` (target vectors as verified, modifications applied; the model's own rows in
     ``tree.unmodified_target`` when windows were in force), the ``VerifyResult`` and
     the round's ``StepStats`` — e.g. to record draft trees for replay.
-    cost_model: the size policies' ``OnlineCostModel`` (default: a fresh one; share one between decoders).
-    cost_cache: start from the cost curve an earlier process kept on disk and keep this one's there
-    (``engine.cost_memory``): True (the target's own file), a file path, or False (default).
+    cost_model: the size policies' ``OnlineCostModel`` (default: a fresh one at the target's prior);
+    decoders on one target may share one, since it describes the machine (the server's workers do).
     batch_invariant: shape every target forward with the row shape measured for this machine
     (``engine.invariance``), so rows do not depend on the forward they share and a seed gives plain
     sampling's text bit for bit in bf16 too; native runner, one sequence at a time.
@@ -191,7 +188,6 @@ class SpeculativeDecoder(TextDecoding):
         max_draft_len: int = AUTO_MAX_DRAFT_LEN,
         cost_model: OnlineCostModel | None = None,
         batch_invariant: bool = False,
-        cost_cache: bool | str | PathLike = False,
     ):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
@@ -201,13 +197,10 @@ class SpeculativeDecoder(TextDecoding):
         self.method = method
         self.spec: MethodSpec | None = None if method == "ar" else get_method(method)
         self.step_callback = step_callback
-        # the round timings every size policy reads; persists across prompts (it describes the machine),
-        # from a backend's prior curve (cost_prior), or one an earlier process learned (cost_cache)
+        # the round timings every size policy reads; persists across prompts (it describes the machine)
+        # a backend whose forwards cost differently from the shipped prior curve says so (cost_prior)
         prior = getattr(self.target, "cost_prior", None)
-        self.cost_memory = CostMemory.from_setting(cost_cache, self.target)
-        if cost_model is None:
-            cost_model = OnlineCostModel(prior_points=prior) if self.cost_memory is None else self.cost_memory.cost_model(prior)
-        self.cost_model = cost_model
+        self.cost_model = OnlineCostModel(prior_points=prior) if cost_model is None else cost_model
         # generate_batch's: total tokens scored by one batched forward (all sequences) -> seconds
         self.batch_cost_model = OnlineCostModel(prior_points=prior)
         # set by a batch: chain gains -> (scored tokens, decision), instead of choosing L alone
@@ -381,7 +374,8 @@ class SpeculativeDecoder(TextDecoding):
         prompt_ids = self._encode(prompt)
         rng = SeededDraws(self.seed) if rng is None else rng
         start = time.perf_counter()
-        # features (a draft head's input) only while this drafter reads them: the target may be shared
+        # features (a draft head's input) only while this decoder's drafter reads them: the target
+        # adapter may be shared with other decoders
         feature_layers = getattr(self.drafter, "feature_layers", None)
         if feature_layers is not None:
             self.target.enable_features(feature_layers)
@@ -390,16 +384,10 @@ class SpeculativeDecoder(TextDecoding):
         self.target.reset(prompt_ids)
         if self.drafter is not None:
             self.drafter.reset(prompt_ids)
-        # acceptance is learned per prompt: shared, it would tie a prompt's output to the earlier ones
+        # acceptance is learned per prompt: a policy state shared across prompts would make a
+        # prompt's output depend on the earlier ones (and break the exact-law replays)
         chain_policy = ChainLengthPolicy(self.draft_len) if self.adaptive_draft_len else None
         prefill_seconds = time.perf_counter() - start
-        try:
-            yield from self._rounds(prompt_ids, rng, chain_policy, start, prefill_seconds)
-        finally:  # also when a stream is closed early: what the rounds measured is kept
-            if self.cost_memory is not None:
-                self.cost_memory.remember(self.cost_model)
-
-    def _rounds(self, prompt_ids, rng, chain_policy, start: float, prefill_seconds: float) -> Iterator[GenerationOutput]:
         generated: list[int] = []
         steps: list[StepStats] = []
         windows: tuple = ()

@@ -279,20 +279,6 @@ class HFModelAdapter(RoundState):
         self._features: torch.Tensor | None = None  # (capacity, F), rows [0, _feature_len) valid
         self._feature_len = 0
 
-    def cost_signature(self) -> str:
-        """What this target's forward costs depend on, as text (``engine.cost_memory`` keys the cost
-        curve it keeps for the next process by it): CPU, torch, runner, dtype, device, threads and the
-        model's layer shapes."""
-        from verispec.models.row_shape import cpu_signature
-
-        config = self.model.config.get_text_config(decoder=True)
-        shapes = {key: getattr(config, key, None) for key in (
-            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")}
-        device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else str(self.device)
-        return "\n".join([cpu_signature(), torch.__version__, type(self.runner).__name__,
-                          f"prepacked={getattr(self.runner, 'prepacked', None)}", str(self.dtype), device,
-                          f"threads={torch.get_num_threads()}", str(sorted(shapes.items()))])
-
     # ----------------------------------------------------------------- state
 
     def _check_position(self, position: int) -> None:

@@ -342,17 +342,6 @@ class LlamaCppAdapter(RoundState):
 
     # ----------------------------------------------------------------- state
 
-    def cost_signature(self) -> str:
-        """What this target's forward costs depend on, as text (``engine.cost_memory`` keys the cost
-        curve it keeps for the next process by it): CPU, llama.cpp, the GGUF file, threads and the
-        context's settings."""
-        from verispec.models.row_shape import cpu_signature
-
-        stat = self.path.stat()
-        return "\n".join([cpu_signature(), f"llama.cpp {LLAMACPP_VERSION}", str(self.path.resolve()),
-                          f"size={stat.st_size}", f"threads={self.n_threads}", f"extra_buffers={self.extra_buffers}",
-                          f"n_batch={self.n_batch}", f"kv={self.settings.kv_type}", f"flash_attn={self.settings.flash_attn}"])
-
     def set_threads(self, n_threads: int) -> None:
         """Run later forwards on ``n_threads`` CPU threads."""
         self.n_threads = int(n_threads)

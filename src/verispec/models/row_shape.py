@@ -165,7 +165,7 @@ def probe_row_shape(runner, vocab_size: int, candidates=CANDIDATES, key_align: i
     return None
 
 
-def cpu_signature() -> str:
+def _cpu_signature() -> str:
     """CPU model name and flags (they choose the GEMM kernels); the platform string elsewhere."""
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -186,7 +186,7 @@ def probe_key(runner) -> str:
     config = runner.model.config
     shapes = [runner.num_heads, runner.num_kv_heads, runner.head_dim, len(runner.layers),
               int(config.hidden_size), int(config.intermediate_size), int(config.vocab_size)]
-    parts = [cpu_signature(), torch.__version__, str(runner.param.dtype), str(runner.param.device),
+    parts = [_cpu_signature(), torch.__version__, str(runner.param.dtype), str(runner.param.device),
              str(torch.get_num_threads()), json.dumps(shapes), str(runner.prepacked), str(PROBE_VERSION)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
