@@ -99,6 +99,30 @@ def test_submit_tries_every_replica_and_reports_the_shortest_retry():
     assert refused.value.retry_after == 4 and [r.tried for r in replicas] == [1, 1, 1]
 
 
+def test_equally_loaded_replicas_take_turns_and_the_least_loaded_still_wins():
+    class Idle:
+        def __init__(self, load):
+            self.load, self.max_batch, self.max_queue, self.threads_per_worker, self.workers = load, 1, 1, 1, []
+            self.jobs = []
+
+        busy_workers = property(lambda self: self.load)
+        queue_depth = property(lambda self: 0)
+
+        def submit(self, job):
+            self.jobs.append(job)
+
+    idle = [Idle(0), Idle(0), Idle(0)]
+    pool = ReplicatedBatches(idle)
+    for job in range(6):  # one after another, each finished before the next: all equally loaded
+        pool.submit(job)
+    assert [replica.jobs for replica in idle] == [[0, 3], [1, 4], [2, 5]]
+    loaded = [Idle(2), Idle(0), Idle(1)]
+    pool = ReplicatedBatches(loaded)
+    for job in range(3):
+        pool.submit(job)
+    assert [replica.jobs for replica in loaded] == [[], [0, 1, 2], []]
+
+
 @pytest.mark.parametrize("replicas, max_batch, message", [(0, 8, "replicas must be an integer >= 1"),
                                                            (3, 2, "raise --max-batch to at least 3")])
 def test_bad_replica_counts_are_clear_errors(tiny_pair, tokenizer, replicas, max_batch, message):

@@ -105,8 +105,12 @@ class ReplicatedBatches:
         the shortest Retry-After) when none has, ``ShuttingDown`` once the server stops accepting."""
         refusals: list[QueueFull] = []
         turn, count = next(self._turns), len(self.replicas)
-        order = sorted(range(count), key=lambda i: (self.replicas[i].busy_workers + self.replicas[i].queue_depth, (i - turn) % count))
-        for replica in (self.replicas[i] for i in order):
+
+        def load_then_turn(index: int) -> tuple[int, int]:
+            replica = self.replicas[index]
+            return replica.busy_workers + replica.queue_depth, (index - turn) % count
+
+        for replica in (self.replicas[i] for i in sorted(range(count), key=load_then_turn)):
             try:
                 return replica.submit(job)
             except QueueFull as full:
