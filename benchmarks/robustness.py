@@ -3,7 +3,7 @@ the online cost model) against plain decoding on held-out prompts, with an oracl
 
 Usage:
     python benchmarks/robustness.py [--limit N] [--per-category 3] [--categories qa,rag] [--humaneval N] [--max-new-tokens 128]
-        [--threads 1,2] [--temperatures 0,0.6] [--load | --no-load] [--repeats 2] [--warm]
+        [--threads 1,2] [--temperatures 0,0.6] [--load | --no-load] [--repeats 2] [--warm] [--ceiling]
         [--dtype auto] [--ignore-eos] [--json OUT.json]
 
 Prompts: held-out only (``verispec.distill.data.split_prompts("heldout")``): HumanEval 0-39 and
@@ -41,6 +41,14 @@ seeded draws when the draws are keyed by position; with a round-keyed generator 
 approximate at T > 0) and the cost of scoring s tokens from the cost model at the end of the run
 (seconds, overhead included). The oracle takes each round's best tokens-per-second prefix; printed:
 the policy's tokens per second of modelled cost as a fraction of the oracle's.
+
+Ceiling (--ceiling): at T > 0 the oracle knows the draws, which no policy deciding before a round
+can. After each run every round's offered order is scored by one more target forward (an adapter
+of its own, after the round's context), giving each node's true probability of being drawn at its
+parent; the same prefixes cut by expected tokens (from those probabilities) minus a price of time,
+the price iterated to the rate the expectations reach (Dinkelbach), give the best such a policy
+could do, printed as a fraction of the oracle's tokens per second. The gap between the policy and
+the ceiling is what better acceptance estimates could still win; the gap above it, the draws' luck.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ class RunRecord:
     oracle_tokens: float = 0.0
     oracle_cost: float = 0.0
     hindsight_mismatches: int = 0  # rounds whose recorded walk differs from the emitted tokens
+    ceiling: list = field(default_factory=list)  # --ceiling: a CeilingRound per round of every repeat
 
     @property
     def ratio(self) -> float:
@@ -167,6 +176,66 @@ def score_policy(record: RunRecord, trees, output, cost_table) -> None:
         position += step.new_tokens
 
 
+@dataclass
+class CeilingRound:
+    """One round for ``ceiling_fraction``: per prefix size s = 1..n of the offered order, the tokens
+    the walk emitted in hindsight, the modelled cost, and the tokens expected from the target's
+    true probabilities of the offered nodes (1 + the sum of their reach probabilities, at most the
+    tokens left)."""
+
+    tokens: list[int]
+    costs: list[float]
+    expected: list[float]
+
+
+def true_reach(probe, context: list[int], offered, params) -> list[float]:
+    """Reach probability of every node of ``offered`` (a ``CandidateTree``; node 0 the root, the last
+    token of ``context``): the product along its path of the target's probability of drawing each
+    node's token at its parent, from one forward of ``probe`` (a target adapter of its own) over the
+    whole offered tree after ``context``, with the run's sampling parameters ``params``."""
+    from verispec.core.sampling import logits_to_probs
+
+    probe.reset(context)
+    rows = logits_to_probs(probe.score(list(offered.tokens), list(offered.parents)), params)
+    reach = [1.0]
+    for node in range(1, offered.num_nodes):
+        parent = offered.parents[node]
+        reach.append(reach[parent] * float(rows[parent, offered.tokens[node]]))
+    return reach
+
+
+def ceiling_rounds(probe, ids, trees, output, cost_table, params) -> list[CeilingRound]:
+    """``CeilingRound``s of one run (what ``score_policy`` reads, plus the true expectations)."""
+    emitted, position, rounds = output.token_ids, 0, []
+    for tree, step in zip(trees, output.steps):
+        offered = tree.offered if tree.offered is not None else tree
+        path, remaining = hindsight(tree, emitted[position:]), len(emitted) - position
+        reach = true_reach(probe, list(ids) + list(emitted[:position]), offered, params)
+        sizes = range(1, offered.num_nodes + 1)
+        rounds.append(CeilingRound([min(sum(node < size for node in path) + 1, remaining) for size in sizes],
+                                   [float(cost_table[size - 1]) for size in sizes],
+                                   [min(1.0 + sum(reach[1:size]), remaining) for size in sizes]))
+        position += step.new_tokens
+    return rounds
+
+
+def ceiling_fraction(rounds: list[CeilingRound], iterations: int = 50) -> float:
+    """Tokens per modelled second of the best cut a policy deciding before each round could make if
+    it knew the offered nodes' true probabilities (not the draws), as a fraction of the hindsight
+    oracle's. The cut maximises expected tokens minus a price of time, the price set by Dinkelbach's
+    iteration to the rate the expectations reach (the long-run optimum; no peeking at the draws)."""
+    price = 1.0
+    for _ in range(iterations):
+        chosen = [max(range(len(r.costs)), key=lambda k, r=r: r.expected[k] - price * r.costs[k] / r.costs[0]) for r in rounds]
+        updated = sum(r.expected[k] for r, k in zip(rounds, chosen)) / sum(r.costs[k] / r.costs[0] for r, k in zip(rounds, chosen))
+        if abs(updated - price) < 1e-9:
+            break
+        price = updated
+    best = [max(range(len(r.costs)), key=lambda k, r=r: r.tokens[k] / r.costs[k]) for r in rounds]
+    ceiling = sum(r.tokens[k] for r, k in zip(rounds, chosen)) / sum(r.costs[k] for r, k in zip(rounds, chosen))
+    return ceiling / (sum(r.tokens[k] for r, k in zip(rounds, best)) / sum(r.costs[k] for r, k in zip(rounds, best)))
+
+
 def run_default(decoder, ids, seed: int):
     """Generate with the default decoder, recording every round's candidate tree. A round the
     policy knew to be root-only comes without its offered order (``propose`` skips growing it);
@@ -226,6 +295,11 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
     def decoders():
         return SpeculativeDecoder(model, None, method="ar", **common), SpeculativeDecoder(model, **common)
 
+    probe = None
+    if args.ceiling:  # a target adapter of its own: its forwards leave the decoders' caches alone
+        from verispec.models.hf import HFModelAdapter
+
+        probe = HFModelAdapter(model)
     shared = decoders() if args.warm else None
     if shared is not None:  # first-call allocations and the first cost readings stay out of the numbers
         shared[1].generate(encode_prompt(tokenizer, "Write a Python function that adds two numbers."))
@@ -250,7 +324,10 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
                 record.target_calls += output.target_calls
                 record.rounds += len(output.steps)
                 record.root_only_rounds += output.root_only_rounds
-                score_policy(record, trees, output, default.cost_model.table(max(t.offered.num_nodes for t in trees)))
+                table = default.cost_model.table(max(t.offered.num_nodes for t in trees))
+                score_policy(record, trees, output, table)
+                if probe is not None:
+                    record.ceiling += ceiling_rounds(probe, ids, trees, output, table, default.params)
         condition.records.append(record)
         print(f"  {prompt.prompt_id:<18} {prompt.category:<15} {record.ratio:6.3f}", file=sys.stderr, flush=True)
 
@@ -279,6 +356,7 @@ def summary(condition: Condition) -> dict:
         "oracle_fraction": policy / oracle,
         "root_only_share": sum(r.root_only_rounds for r in records) / max(1, sum(r.rounds for r in records)),
         "hindsight_mismatches": sum(r.hindsight_mismatches for r in records),
+        "ceiling_fraction": ceiling_fraction([c for r in records for c in r.ceiling]) if records[0].ceiling else None,
     }
 
 
@@ -302,6 +380,9 @@ def print_condition(condition: Condition) -> dict:
     print(f"  policy vs oracle (same candidates, same cost table, best size in hindsight per round): "
           f"{result['oracle_fraction']:.1%} of its tokens per second; root-only rounds {result['root_only_share']:.0%}; "
           f"rounds whose hindsight walk differs from the run {result['hindsight_mismatches']}")
+    if result["ceiling_fraction"] is not None:
+        print(f"  ceiling (the same offered orders cut knowing each node's true probability, not the draws): "
+              f"{result['ceiling_fraction']:.1%} of the oracle's tokens per second")
     return result
 
 
@@ -328,6 +409,9 @@ def main(argv=None) -> int:
     loads.add_argument("--no-load", dest="loads", action="store_const", const=(False,), help="only without it")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration per prompt (default 2)")
     parser.add_argument("--warm", action="store_true", help="one decoder per configuration for a whole condition")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also the best any policy deciding before a round could reach: each round's offered "
+                             "nodes scored by one more target forward (about doubles the run time)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it natively), fp32 or bf16")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="decode exactly --max-new-tokens tokens, no EOS stop (equal lengths when texts differ)")
