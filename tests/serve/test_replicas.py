@@ -65,7 +65,13 @@ def test_a_full_server_refuses_with_429_and_the_others_finish(tiny_pair, tokeniz
         runners = [threading.Thread(target=lambda i=i: answers.setdefault(i, httpx.post(url + "/v1/completions",
                                                                                          json={**LONG, "max_tokens": 60}, timeout=120)))
                    for i in range(4)]
-        for runner in runners:
+        # two first, until each replica's loop has taken its one (one per replica): a request holds
+        # its replica's one queue place until the loop takes it, and a third sent in that instant
+        # finds both places taken (a 429 the test is not about)
+        for runner in runners[:2]:
+            runner.start()
+        wait_for(lambda: pool.queue_depth == 2 and all(replica._queue.empty() for replica in pool.replicas))
+        for runner in runners[2:]:
             runner.start()
         wait_for(lambda: pool.busy_workers + pool.queue_depth == 4)  # 2 running (one per replica) + 2 queued
         refused = httpx.post(url + "/v1/completions", json={**LONG, "max_tokens": 5})
