@@ -155,25 +155,49 @@ def hindsight(tree, emitted: list[int]) -> list[int]:
     return path
 
 
-def score_policy(record: RunRecord, trees, output, cost_table) -> None:
-    """Add the policy's and the oracle's tokens and modelled costs of every round (module docstring)."""
-    emitted = output.token_ids
-    position = 0
+@dataclass
+class RoundPrefixes:
+    """One round of a run, per prefix size s = 1..n of its offered order: the tokens the walk emits
+    in hindsight and the modelled cost; with what the round was (where it started in the emitted
+    text, the tokens left from there, the size the policy kept, the tokens it emitted)."""
+
+    offered: object  # the round's whole best-first order (a CandidateTree)
+    position: int  # emitted tokens before the round
+    remaining: int  # emitted tokens from the round on
+    kept: int  # nodes the policy kept
+    new_tokens: int
+    tokens: list[int]
+    costs: list[float]
+
+
+def round_prefixes(trees, output, cost_table) -> list[RoundPrefixes]:
+    """``RoundPrefixes`` of every round of a run (module docstring: the oracle), costs from ``cost_table``."""
+    emitted, position, rounds = output.token_ids, 0, []
     for tree, step in zip(trees, output.steps):
         offered = tree.offered if tree.offered is not None else tree
-        path = hindsight(tree, emitted[position:])
-        remaining = len(emitted) - position
+        path, remaining = hindsight(tree, emitted[position:]), len(emitted) - position
         sizes = range(1, offered.num_nodes + 1)
-        tokens = [min(sum(node < size for node in path) + 1, remaining) for size in sizes]
-        costs = [float(cost_table[size - 1]) for size in sizes]
-        best = max(range(len(tokens)), key=lambda i: tokens[i] / costs[i])
-        chosen = tree.num_nodes - 1
-        record.policy_tokens += tokens[chosen]
-        record.policy_cost += costs[chosen]
-        record.oracle_tokens += tokens[best]
-        record.oracle_cost += costs[best]
-        record.hindsight_mismatches += int(min(step.new_tokens, remaining) != tokens[chosen])
+        rounds.append(RoundPrefixes(offered, position, remaining, tree.num_nodes, step.new_tokens,
+                                    [min(sum(node < size for node in path) + 1, remaining) for size in sizes],
+                                    [float(cost_table[size - 1]) for size in sizes]))
         position += step.new_tokens
+    return rounds
+
+
+def hindsight_best(tokens, costs) -> int:
+    """The oracle's prefix of a round (an index): the most tokens per modelled second in hindsight."""
+    return max(range(len(tokens)), key=lambda i: tokens[i] / costs[i])
+
+
+def score_policy(record: RunRecord, rounds: list[RoundPrefixes]) -> None:
+    """Add the policy's and the oracle's tokens and modelled costs of every round (module docstring)."""
+    for r in rounds:
+        best, chosen = hindsight_best(r.tokens, r.costs), r.kept - 1
+        record.policy_tokens += r.tokens[chosen]
+        record.policy_cost += r.costs[chosen]
+        record.oracle_tokens += r.tokens[best]
+        record.oracle_cost += r.costs[best]
+        record.hindsight_mismatches += int(min(r.new_tokens, r.remaining) != r.tokens[chosen])
 
 
 @dataclass
@@ -204,19 +228,14 @@ def true_reach(probe, context: list[int], offered, params) -> list[float]:
     return reach
 
 
-def ceiling_rounds(probe, ids, trees, output, cost_table, params) -> list[CeilingRound]:
-    """``CeilingRound``s of one run (what ``score_policy`` reads, plus the true expectations)."""
-    emitted, position, rounds = output.token_ids, 0, []
-    for tree, step in zip(trees, output.steps):
-        offered = tree.offered if tree.offered is not None else tree
-        path, remaining = hindsight(tree, emitted[position:]), len(emitted) - position
-        reach = true_reach(probe, list(ids) + list(emitted[:position]), offered, params)
-        sizes = range(1, offered.num_nodes + 1)
-        rounds.append(CeilingRound([min(sum(node < size for node in path) + 1, remaining) for size in sizes],
-                                   [float(cost_table[size - 1]) for size in sizes],
-                                   [min(1.0 + sum(reach[1:size]), remaining) for size in sizes]))
-        position += step.new_tokens
-    return rounds
+def ceiling_rounds(probe, ids, output, rounds: list[RoundPrefixes], params) -> list[CeilingRound]:
+    """``CeilingRound``s of one run: its ``round_prefixes`` with the true expectations added."""
+    emitted, ceiling = output.token_ids, []
+    for r in rounds:
+        reach = true_reach(probe, list(ids) + list(emitted[:r.position]), r.offered, params)
+        expected = [min(1.0 + sum(reach[1:size]), r.remaining) for size in range(1, len(r.tokens) + 1)]
+        ceiling.append(CeilingRound(r.tokens, r.costs, expected))
+    return ceiling
 
 
 def ceiling_fraction(rounds: list[CeilingRound], iterations: int = 50) -> float:
@@ -231,7 +250,7 @@ def ceiling_fraction(rounds: list[CeilingRound], iterations: int = 50) -> float:
         if abs(updated - price) < 1e-9:
             break
         price = updated
-    best = [max(range(len(r.costs)), key=lambda k, r=r: r.tokens[k] / r.costs[k]) for r in rounds]
+    best = [hindsight_best(r.tokens, r.costs) for r in rounds]
     ceiling = sum(r.tokens[k] for r, k in zip(rounds, chosen)) / sum(r.costs[k] for r, k in zip(rounds, chosen))
     return ceiling / (sum(r.tokens[k] for r, k in zip(rounds, best)) / sum(r.costs[k] for r, k in zip(rounds, best)))
 
@@ -324,10 +343,10 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
                 record.target_calls += output.target_calls
                 record.rounds += len(output.steps)
                 record.root_only_rounds += output.root_only_rounds
-                table = default.cost_model.table(max(t.offered.num_nodes for t in trees))
-                score_policy(record, trees, output, table)
+                rounds = round_prefixes(trees, output, default.cost_model.table(max(t.offered.num_nodes for t in trees)))
+                score_policy(record, rounds)
                 if probe is not None:
-                    record.ceiling += ceiling_rounds(probe, ids, trees, output, table, default.params)
+                    record.ceiling += ceiling_rounds(probe, ids, output, rounds, default.params)
         condition.records.append(record)
         print(f"  {prompt.prompt_id:<18} {prompt.category:<15} {record.ratio:6.3f}", file=sys.stderr, flush=True)
 

@@ -139,9 +139,9 @@ class Worker:
         self.draft = draft
         self.tokenizer = copy.deepcopy(tokenizer)
         self.token_tree: TokenTreeDrafter | None = None  # the tables this worker's token trees learn in
-        # the round timings of this worker's own requests: they describe the machine, so each
-        # request's sizes start from what the earlier ones measured, not from the prior curve
-        self.cost_model = OnlineCostModel(prior_points=getattr(target_adapter, "cost_prior", None))
+        # the round timings of this worker's own requests (its first decoder's model, at the target's
+        # prior): they describe the machine, so later requests start from what earlier ones measured
+        self.cost_model: OnlineCostModel | None = None
 
     def decoder(self, settings: DecodeSettings, target=None, draft=None) -> SpeculativeDecoder:
         """A decoder for one request over this worker's adapters, or over ``target`` and ``draft``
@@ -164,6 +164,8 @@ class Worker:
             seed=settings.seed,
             cost_model=self.cost_model if target is None else None,
         )
+        if target is None and self.cost_model is None:
+            self.cost_model = decoder.cost_model
         if target is None and isinstance(decoder.drafter, TokenTreeDrafter):
             if self.token_tree is None:
                 self.token_tree = decoder.drafter
