@@ -16,7 +16,7 @@ from tests.serve.test_concurrency import LONG, health, wait_for
 from verispec.errors import ConfigError
 from verispec.serve.launch import build_replicated_batches
 from verispec.serve.replicas import ReplicatedBatches
-from verispec.serve.workers import QueueFull
+from verispec.serve.workers import Admission, QueueFull
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +65,9 @@ def test_a_full_server_refuses_with_429_and_the_others_finish(tiny_pair, tokeniz
         runners = [threading.Thread(target=lambda i=i: answers.setdefault(i, httpx.post(url + "/v1/completions",
                                                                                          json={**LONG, "max_tokens": 60}, timeout=120)))
                    for i in range(4)]
-        # two first, until each replica's loop has taken its one (one per replica): a request holds
-        # its replica's one queue place until the loop takes it, and a third sent in that instant
-        # finds both places taken (a 429 the test is not about)
+        # two first, until each replica's loop has taken its one (one per replica), then two more,
+        # one queued per replica (a request counts from submit to its end, so none of the four can
+        # see a full server: tests/serve/test_admission.py)
         for runner in runners[:2]:
             runner.start()
         wait_for(lambda: pool.queue_depth == 2 and all(replica._queue.empty() for replica in pool.replicas))
@@ -91,6 +91,7 @@ def test_submit_tries_every_replica_and_reports_the_shortest_retry():
         def __init__(self, load, retry):
             self.load, self.retry, self.max_batch, self.max_queue = load, retry, 1, 1
             self.threads_per_worker, self.workers, self.tried = 1, [], 0
+            self._admission = Admission(1)
 
         busy_workers = property(lambda self: self.load)
         queue_depth = property(lambda self: 0)
@@ -109,7 +110,7 @@ def test_equally_loaded_replicas_take_turns_and_the_least_loaded_still_wins():
     class Idle:
         def __init__(self, load):
             self.load, self.max_batch, self.max_queue, self.threads_per_worker, self.workers = load, 1, 1, 1, []
-            self.jobs = []
+            self.jobs, self._admission = [], Admission(1)
 
         busy_workers = property(lambda self: self.load)
         queue_depth = property(lambda self: 0)
@@ -127,6 +128,44 @@ def test_equally_loaded_replicas_take_turns_and_the_least_loaded_still_wins():
     for job in range(3):
         pool.submit(job)
     assert [replica.jobs for replica in loaded] == [[], [0, 1, 2], []]
+
+
+def test_replicas_share_one_admission_lock_and_refuse_only_when_all_are_full():
+    """A request is refused only when all replicas are full at one instant: ``submit`` holds the
+    one lock they count under while it tries each, so no replica's count changes in between."""
+
+    def free_to_another_thread(lock) -> bool:
+        got = []
+        other = threading.Thread(target=lambda: got.append(lock.acquire(blocking=False) and (lock.release() or True)))
+        other.start()
+        other.join()
+        return got[0]
+
+    class Replica:
+        def __init__(self):
+            self._admission, self.max_batch, self.max_queue, self.threads_per_worker, self.workers = Admission(2), 1, 1, 1, []
+            self.jobs, self.lock_was_free = [], []
+
+        busy_workers = property(lambda self: 0)
+        queue_depth = property(lambda self: len(self.jobs))
+
+        def submit(self, job):
+            self.lock_was_free.append(free_to_another_thread(self._admission.lock))
+            if not self._admission.enter():
+                raise QueueFull(1)
+            self.jobs.append(job)
+
+    replicas = [Replica(), Replica()]
+    pool = ReplicatedBatches(replicas)
+    assert replicas[0]._admission.lock is replicas[1]._admission.lock is pool._admission_lock
+    for job in range(4):
+        pool.submit(job)
+    with pytest.raises(QueueFull):
+        pool.submit(4)
+    assert [replica.lock_was_free for replica in replicas] == [[False] * 3] * 2
+    replicas[1]._admission.leave()  # one place frees: the next request takes it
+    pool.submit(5)
+    assert [len(replica.jobs) for replica in replicas] == [2, 3]
 
 
 @pytest.mark.parametrize("replicas, max_batch, message", [(0, 8, "replicas must be an integer >= 1"),

@@ -5,8 +5,9 @@ each round is one packed target forward over all running requests' trees. A requ
 batch between rounds as soon as a slot is free (at most ``max_batch`` decode at once), streams
 its text deltas as its rounds settle tokens, and leaves when it ends: EOS, stop string,
 max_tokens, the context, its time limit, or its client going away (seen at the end of its current
-round). Requests waiting for a slot sit in a bounded FIFO; a full queue is refused at once
-(``QueueFull`` -> HTTP 429 with Retry-After), as with the worker threads of ``serve.workers``.
+round). Requests waiting for a slot sit in a FIFO; a request that finds the running and waiting
+ones filling every slot and queue place is refused at once (``QueueFull`` -> HTTP 429 with
+Retry-After; counted by ``serve.workers.Admission``), as with the worker threads of ``serve.workers``.
 
 Each request keeps its own decoder (rule, draft shape, sampling, seed, stop strings, limits), so
 its law is its solo law and, with the drafter-invariant rules (ar, qfree, nss, gumbel) and its
@@ -50,6 +51,7 @@ from verispec.models.native_llama import NativeLlamaRunner
 from verispec.engine.streaming import TextStream
 from verispec.serve.workers import (
     FINISH_REASONS,
+    Admission,
     DecodeSettings,
     Job,
     JobEvent,
@@ -110,7 +112,8 @@ class BatchScheduler:
         self.batch = ContinuousBatch(parent, max_batch=max_batch, threads=self.threads_per_worker, draft=draft)
         # a head is loaded once, so that the requests' head steps run as one call of one module
         self._head = load_head_source(side.draft, target) if is_head_source(side.draft) else None
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job | None] = queue.Queue()  # bounded by the admission count
+        self._admission = Admission(self.max_batch + max_queue)  # every job from submit to its report
         self._in_batch: dict[BatchSequence, _Running] = {}
         self._side_waiting: list[Job] = []
         self._side_running: _Running | None = None
@@ -336,7 +339,9 @@ class BatchScheduler:
 
     def _report(self, job: Job, event: JobEvent) -> None:
         """Hand the final event to the hook (metrics) and to the request; a failing hook must not
-        stop the loop or leave the request waiting."""
+        stop the loop or leave the request waiting. The job leaves the admission count first, so a
+        client that sends its next request on this answer finds its place free."""
+        self._admission.leave()
         try:
             if self.on_finished is not None:
                 self.on_finished(job, event)

@@ -14,6 +14,7 @@ replica's thread alone.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 
 from verispec.core.threads import usable_cores
@@ -52,6 +53,12 @@ class ReplicatedBatches:
         self.threads_per_worker = self.replicas[0].threads_per_worker
         self.workers = [worker for replica in self.replicas for worker in replica.workers]
         self._turns = itertools.count()  # ties between equally loaded replicas go round in turn
+        # one admission lock for all replicas, held by ``submit`` while it tries them: a request is
+        # refused only when every replica is full at one instant (sum of running + queued >= sum of
+        # slots + queue places), never because one freed a place after it was tried
+        self._admission_lock = threading.RLock()
+        for replica in self.replicas:
+            replica._admission.lock = self._admission_lock
 
     # hooks of the app (metrics): set on every replica
     @property
@@ -103,6 +110,10 @@ class ReplicatedBatches:
         """Queue ``job`` on the least loaded replica that has room (equally loaded ones in turn, so
         requests that arrive one after another on an idle server still spread); ``QueueFull`` (with
         the shortest Retry-After) when none has, ``ShuttingDown`` once the server stops accepting."""
+        with self._admission_lock:
+            return self._submit(job)
+
+    def _submit(self, job: Job) -> None:
         refusals: list[QueueFull] = []
         turn, count = next(self._turns), len(self.replicas)
 

@@ -116,6 +116,33 @@ class ShuttingDown(Exception):
     """The pool no longer accepts requests."""
 
 
+class Admission:
+    """The requests a scheduler holds, queued or decoding, against its capacity (slots + queue
+    places), counted under one lock: a request enters when it is submitted and leaves when its
+    final event is reported, so handing it from the queue to a slot never changes the count. (The
+    bounded ``queue.Queue`` counted only the queued ones: a request enqueued but not yet taken by
+    a loop whose slot had just freed held a queue place, and a concurrent one got a spurious 429.)
+    ``lock`` is re-entrant so that ``ReplicatedBatches`` can hold the one all replicas share while
+    it tries each in turn."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.count = 0
+        self.lock = threading.RLock()
+
+    def enter(self) -> bool:
+        """Count one more request if there is room; False (nothing counted) when full."""
+        with self.lock:
+            if self.count >= self.capacity:
+                return False
+            self.count += 1
+            return True
+
+    def leave(self) -> None:
+        with self.lock:
+            self.count -= 1
+
+
 def decode_rounds(decoder: SpeculativeDecoder, prompt_ids: list[int]) -> Iterator[GenerationOutput]:
     """The engine's per-round snapshots (the generator behind ``generate`` and ``stream``).
 
@@ -178,14 +205,14 @@ def queue_job(scheduler, job: Job, slots: int) -> None:
     """A scheduler's ``submit`` (``WorkerPool`` and ``BatchScheduler`` share it): queue ``job`` or
     raise at once, never block: ``ShuttingDown`` once it stops accepting, ``QueueFull`` when the
     queue is full, with Retry-After = the running mean decode time x (queue + slots) / slots, where
-    ``slots`` requests are decoded at once."""
+    ``slots`` requests are decoded at once. Full means (running + queued) >= (slots + queue
+    places), counted by ``scheduler._admission`` (see ``Admission``), not the queue's own size."""
     if not scheduler._accepting:
         raise ShuttingDown("the server is shutting down")
-    try:
-        scheduler._queue.put_nowait(job)
-    except queue.Full:
+    if not scheduler._admission.enter():
         waiting = scheduler.max_queue + slots
-        raise QueueFull(max(1, math.ceil(scheduler._mean_seconds * waiting / slots))) from None
+        raise QueueFull(max(1, math.ceil(scheduler._mean_seconds * waiting / slots)))
+    scheduler._queue.put_nowait(job)  # unbounded: the admission count bounds it
 
 
 def drain_for_shutdown(scheduler, grace_seconds: float) -> None:
@@ -226,7 +253,8 @@ class WorkerPool:
         self.max_queue = max_queue
         self.threads_per_worker = threads_per_worker or default_threads(len(workers))
         self.on_finished = on_finished
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job | None] = queue.Queue()  # bounded by the admission count
+        self._admission = Admission(len(workers) + max_queue)  # every job from submit to its report
         self._lock = threading.Lock()
         self._busy = 0
         self._accepting = False
@@ -341,7 +369,9 @@ class WorkerPool:
 
     def _report(self, job: Job, event: JobEvent) -> None:
         """Hand the final event to the hook (metrics) and to the request; a failing hook must not
-        kill the worker thread or leave the request waiting."""
+        kill the worker thread or leave the request waiting. The job leaves the admission count
+        first, so a client that sends its next request on this answer finds its place free."""
+        self._admission.leave()
         try:
             if self.on_finished is not None:
                 self.on_finished(job, event)
