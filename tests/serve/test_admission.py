@@ -102,3 +102,40 @@ def test_a_request_arriving_while_the_queued_one_moves_into_the_free_slot_is_adm
             event.set()
         pool.shutdown(grace_seconds=10)
 
+
+
+@pytest.mark.parametrize("kind", ["batch", "workers"])
+def test_shutdown_grace_waits_for_a_request_the_loop_has_taken_but_not_started(kind, tiny_pair, tokenizer):
+    """A request out of the queue and not yet in a slot counts neither as queued nor as running; the
+    grace must still wait for it (it did not: the request failed with "shutdown" at once)."""
+    may_decode, may_start, taken = threading.Event(), threading.Event(), threading.Event()
+    pool, _ = one_slot_one_place(kind, tiny_pair, tokenizer, may_decode)
+    may_decode.set()
+    a = Request(tokenizer)
+    queue, original_get = pool._queue, pool._queue.get
+
+    def get(*args, **kwargs):  # the loops take jobs with get(timeout=...) or get_nowait() (= get(False))
+        job = original_get(*args, **kwargs)
+        if job is a.job:  # taken from the queue, held before the loop hands it to a slot
+            taken.set()
+            assert may_start.wait(WAIT)
+        return job
+
+    queue.get = get
+    pool.start()
+    closing = threading.Thread(target=pool.shutdown, kwargs={"grace_seconds": WAIT})
+    try:
+        pool.submit(a.job)
+        assert taken.wait(WAIT)
+        closing.start()
+        # the grace is running, not over: the abort flag stays down (the old check set it at once)
+        assert not pool._abort.wait(0.5)
+        may_start.set()
+        assert a.done.wait(WAIT)
+        closing.join(WAIT)
+        assert not closing.is_alive()
+        assert type(a.events[-1]) is JobFinished, a.events[-1]
+    finally:
+        may_start.set()
+        if not closing.is_alive() and not closing.ident:
+            pool.shutdown(grace_seconds=1)

@@ -218,11 +218,14 @@ def queue_job(scheduler, job: Job, slots: int) -> None:
 def drain_for_shutdown(scheduler, grace_seconds: float) -> None:
     """The first half of a scheduler's shutdown (``WorkerPool`` and ``serve.batching``'s
     ``BatchScheduler`` share it): stop accepting, let queued and running jobs finish for up to
-    ``grace_seconds``, then set the abort flag (running decodes stop after their current round)
-    and fail every job still queued with kind "shutdown"."""
+    ``grace_seconds`` (until every admitted job has been reported), then set the abort flag
+    (running decodes stop after their current round) and fail every job still queued with kind
+    "shutdown"."""
     scheduler._accepting = False
     deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and (scheduler.queue_depth or scheduler.busy_workers):
+    # the admission count, not queue_depth + busy_workers: a job the loop has taken from the queue
+    # but not yet started is in neither, and the grace would end while it is about to run
+    while time.monotonic() < deadline and scheduler._admission.count:
         time.sleep(0.02)
     scheduler._abort.set()
     while True:
