@@ -4,7 +4,7 @@ the online cost model) against plain decoding on held-out prompts, with an oracl
 Usage:
     python benchmarks/robustness.py [--limit N] [--per-category 3] [--categories qa,rag] [--humaneval N] [--max-new-tokens 128]
         [--threads 1,2] [--temperatures 0,0.6] [--load | --no-load] [--repeats 2] [--warm] [--ceiling]
-        [--dtype auto] [--ignore-eos] [--json OUT.json]
+        [--dtype auto] [--ignore-eos] [--adjacency FILE] [--json OUT.json]
 
 Prompts: held-out only (``verispec.distill.data.split_prompts("heldout")``): HumanEval 0-39 and
 Spec-Bench ids divisible by 5, at most --per-category per Spec-Bench category; --limit N keeps N
@@ -16,9 +16,10 @@ override): every combination of --threads (torch threads), --temperatures (0 = g
 draws with seed = the prompt's index otherwise) and load: without, then with a CPU-bound process of
 this script's own pinned to core 0 (started before and killed after the loaded runs; --load /
 --no-load keep only one). Within a condition, for every prompt, plain and default run back to
-back, --repeats times, the order alternating (A B, B A, ...). Each run gets fresh decoders (a cold
-adjacency table and a cost model at its prior, as a new ``verispec generate`` process has); --warm
-keeps one decoder per configuration for the whole condition (a server).
+back, --repeats times, the order alternating (A B, B A, ...). Each run gets fresh decoders (an
+empty adjacency table, or a copy of --adjacency FILE, and a cost model at its prior, as a new
+``verispec generate`` process has); --warm keeps one decoder per configuration for the whole
+condition (a server).
 
 --ignore-eos decodes exactly --max-new-tokens tokens in both configurations (no EOS stop, as
 serving benchmarks fix their output lengths). Use it at T > 0 in bf16: the seeded texts of plain and
@@ -311,8 +312,10 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
     if args.ignore_eos:
         common["eos_token_id"] = []  # no EOS: every run decodes exactly max_new_tokens
 
+    adjacency = None if args.adjacency == "none" else args.adjacency
+
     def decoders():
-        return SpeculativeDecoder(model, None, method="ar", **common), SpeculativeDecoder(model, **common)
+        return SpeculativeDecoder(model, None, method="ar", **common), SpeculativeDecoder(model, adjacency=adjacency, **common)
 
     probe = None
     if args.ceiling:  # a target adapter of its own: its forwards leave the decoders' caches alone
@@ -432,6 +435,8 @@ def main(argv=None) -> int:
                         help="also the best any policy deciding before a round could reach: each round's offered "
                              "nodes scored by one more target forward (about doubles the run time)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it natively), fp32 or bf16")
+    parser.add_argument("--adjacency", default="none", metavar="none|FILE",
+                        help="the default's starting adjacency table, as verispec generate's --adjacency (default none: empty)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="decode exactly --max-new-tokens tokens, no EOS stop (equal lengths when texts differ)")
     parser.add_argument("--json", default=None, help="write every record and summary to this file")

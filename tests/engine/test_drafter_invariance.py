@@ -22,6 +22,7 @@ from verispec.draft.tree_policy import CostCurve
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.drafters import TokenTreeDrafter
 from verispec.errors import ConfigError
+from verispec.models.token_tree import AdjacencyTable
 
 VOCAB = 12
 PROMPT = [1, 2, 3]
@@ -40,6 +41,7 @@ SAMPLING = {
 CONFIGS = {
     "token-trees (default)": (None, {}),
     "token-trees-big": ("big-trees", {}),
+    "token-trees-warm-table": ("warm-table", {}),
     "qfree-ngram-tree-1": ("ngram", dict(method="qfree", tree=[1])),
     "qfree-ngram-tree-2,2,1": ("ngram", dict(method="qfree", tree=[2, 2, 1])),
     "qfree-model-tree-4,1,1,1": ("model", dict(method="qfree", tree=[4, 1, 1, 1])),
@@ -60,8 +62,19 @@ def _decoder(models, draft, **kwargs):
     target, draft_model = models
     if draft == "big-trees":  # every candidate pays: trees of up to 12 nodes, 4 deep
         draft = TokenTreeDrafter(VOCAB, k=3, max_nodes=12, max_depth=4, cost=CostCurve(((1, 1.0), (64, 1.0)), overhead=0.0))
+    if draft == "warm-table":  # started from a table of arbitrary rows (adjacency=): drafts only
+        draft, kwargs = None, dict(kwargs, adjacency=_random_table(VOCAB))
     draft = draft_model if draft == "model" else draft
     return SpeculativeDecoder(target, draft, max_new_tokens=NEW_TOKENS, eos_token_id=[], **kwargs)
+
+
+def _random_table(vocab: int) -> AdjacencyTable:
+    """Every row filled with a random ranking of the vocabulary and high recorded probabilities, so
+    its candidates are drafted from the first round, right or wrong."""
+    table, generator = AdjacencyTable(vocab, k=3), torch.Generator().manual_seed(11)
+    logits = 6.0 * torch.randn(vocab, vocab, generator=generator)
+    table.update(list(range(vocab)), logits)
+    return table
 
 
 def _outputs(decoder, seeds=SEEDS):

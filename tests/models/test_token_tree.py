@@ -116,3 +116,31 @@ def test_no_match_without_an_earlier_occurrence():
     index.extend([1, 2])
     (match,) = index.matches()
     assert (index.context[match.start], match.match_len) == (3, 2)
+
+
+def test_a_saved_table_loads_with_the_same_rows(tmp_path):
+    table = AdjacencyTable(7, k=3)
+    logits = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
+    table.update([4, 0, 6], logits)
+    table.save(tmp_path / "table.npz", target="tiny")
+    loaded = AdjacencyTable.load(tmp_path / "table.npz", 7)
+    assert loaded.k == 3
+    assert np.array_equal(loaded.next_tokens, table.next_tokens)  # unseen rows stay EMPTY
+    assert loaded.next_probs == pytest.approx(table.next_probs, abs=1e-3)  # stored as float16
+    assert loaded.candidates(4)[0] == table.candidates(4)[0] and loaded.candidates(1) == ([], [])
+
+
+def test_loading_a_table_refuses_another_vocabulary_and_unreadable_files(tmp_path):
+    table = AdjacencyTable(7, k=2)
+    table.update([1], torch.arange(7.0)[None])
+    table.save(tmp_path / "table.npz")
+    with pytest.raises(ConfigError, match="vocabulary of 7 tokens, the target has 9"):
+        AdjacencyTable.load(tmp_path / "table.npz", 9)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        AdjacencyTable.load(tmp_path / "missing.npz", 7)
+    (tmp_path / "junk.npz").write_bytes(b"not a table")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        AdjacencyTable.load(tmp_path / "junk.npz", 7)
+    np.savez(tmp_path / "other.npz", weights=np.zeros(3))
+    with pytest.raises(ConfigError, match="cannot be read"):
+        AdjacencyTable.load(tmp_path / "other.npz", 7)

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="shape every target forward so rows do not depend on the forward they share (measured once "
                           "per machine): a seed then gives --method ar's text bit for bit in bf16 too; native runner, "
                           "one prompt at a time")
+    gen.add_argument("--adjacency", default=None, metavar="FILE",
+                     help="start the token-tree draft from this table of the target's next tokens (written by "
+                          "AdjacencyTable.save, e.g. benchmarks/warm_adjacency.py --build after decoding your own "
+                          "prompts) instead of an empty one. Drafts only: the text is the same with any table")
     _add_threads_flag(gen)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")

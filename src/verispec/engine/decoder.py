@@ -38,7 +38,7 @@ from verispec.engine.checks import (
 )
 from verispec.engine.adapters import _as_adapter, draft_backend  # noqa: F401 (imported from here by callers)
 from verispec.engine.cost_model import OnlineCostModel, RoundDecision
-from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter, default_method, is_token_tree
+from verispec.engine.drafters import Drafter, ModelDrafter, NGramDrafter, TokenTreeDrafter, default_method, is_token_tree, start_adjacency
 from verispec.engine.results import GenerationOutput, StepStats
 from verispec.engine.invariance import enable_batch_invariance, fit_rounds_to_rows, row_shape_of
 from verispec.engine.head_drafter import CONTEXT_ONLY_Q_RULES, HeadDrafter, is_head_source, load_head_source
@@ -163,6 +163,9 @@ class SpeculativeDecoder(TextDecoding):
     batch_invariant: shape every target forward with the row shape measured for this machine
     (``engine.invariance``), so rows do not depend on the forward they share and a seed gives plain
     sampling's text bit for bit in bf16 too; native runner, one sequence at a time.
+    adjacency: the token-tree draft's starting ``AdjacencyTable`` (copied: the decoder learns in its
+    own copy), or the path of one written by ``AdjacencyTable.save``; None: an empty table. Drafts
+    only: the text is the same with any table (docs/adaptive-speculation.md: what it is worth).
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class SpeculativeDecoder(TextDecoding):
         max_draft_len: int = AUTO_MAX_DRAFT_LEN,
         cost_model: OnlineCostModel | None = None,
         batch_invariant: bool = False,
+        adjacency=None,
     ):
         self._set_up(target, tokenizer, temperature, top_k, top_p, draft_temperature, max_new_tokens,
                      eos_token_id, stop, seed, device, backend)
@@ -238,6 +242,8 @@ class SpeculativeDecoder(TextDecoding):
                 f"draft vocabulary has {self.drafter.vocab_size} tokens but the target has "
                 f"{self.target.vocab_size}; speculative decoding needs one shared tokenizer/vocabulary"
             )
+        if adjacency is not None:
+            start_adjacency(self.drafter, adjacency, self.target.vocab_size)
         if self.row_shape is not None:
             fit_rounds_to_rows(self, self.row_shape)
 

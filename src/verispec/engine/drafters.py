@@ -7,8 +7,10 @@ which tokens were kept, so a KV-cached draft rolls back the rest.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from os import PathLike
 from typing import Protocol
 
 import numpy as np
@@ -422,3 +424,17 @@ def default_method(draft) -> str:
 def is_token_tree(draft) -> bool:
     """The token-tree draft: "tree", None (the default draft) or a ``TokenTreeDrafter``."""
     return draft is None or (isinstance(draft, str) and draft == "tree") or isinstance(draft, TokenTreeDrafter)
+
+
+def start_adjacency(drafter, adjacency, vocab_size: int) -> None:
+    """Start a token-tree ``drafter`` from a copy of ``adjacency`` (an ``AdjacencyTable``, or the path
+    of one written by ``AdjacencyTable.save``), for a target of ``vocab_size`` tokens: a decoder's
+    ``adjacency=``. Refused for any other draft, and for a table of another vocabulary."""
+    if not isinstance(drafter, TokenTreeDrafter):
+        kind = "none (plain decoding)" if drafter is None else type(drafter).__name__
+        raise ConfigError(f"adjacency= / --adjacency starts the token-tree draft's table; this decoder's draft is {kind}: "
+                          "drop it, or use the token-tree draft (draft='tree')")
+    table = AdjacencyTable.load(adjacency, vocab_size) if isinstance(adjacency, (str, PathLike)) else copy.deepcopy(adjacency)
+    if table.vocab_size != vocab_size:
+        raise ConfigError(f"the adjacency table has {table.vocab_size} tokens, the target {vocab_size}; use a table made with this target")
+    drafter.adjacency = table

@@ -106,6 +106,38 @@ class AdjacencyTable:
         known = ids.index(EMPTY) if EMPTY in ids else len(ids)  # a row is filled from its start
         return ids[:known], self.next_probs[token].tolist()[:known]
 
+    # ----- a table kept between processes ---------------------------------------------------
+    def save(self, path, target: str = "") -> None:
+        """Write the rows seen so far to ``path`` (``.npz``): their token ids, next tokens (int32)
+        and probabilities (float16), the vocabulary size and k, and ``target``, a name for the model
+        the rows came from. A table learned over many prompts can start later decoders warm
+        (``load``)."""
+        seen = np.flatnonzero(self.next_tokens[:, 0] != EMPTY)
+        np.savez_compressed(
+            path, rows=seen.astype(np.int32), next_tokens=self.next_tokens[seen].astype(np.int32),
+            next_probs=self.next_probs[seen].astype(np.float16), vocab_size=self.vocab_size, k=self.k,
+            target=np.array(target),
+        )
+
+    @classmethod
+    def load(cls, path, vocab_size: int) -> AdjacencyTable:
+        """A table with the rows ``save`` wrote to ``path``, for a target of ``vocab_size`` tokens;
+        refused (``ConfigError``) when the file is missing, unreadable or made for another vocabulary."""
+        try:
+            with np.load(path) as data:
+                stored = {name: data[name] for name in ("rows", "next_tokens", "next_probs", "vocab_size", "k")}
+        except (OSError, ValueError, KeyError) as error:
+            raise ConfigError(f"adjacency table {str(path)!r} cannot be read ({error}); write one with AdjacencyTable.save, "
+                              "or leave out adjacency= / --adjacency to start empty") from None
+        if int(stored["vocab_size"]) != int(vocab_size):
+            raise ConfigError(f"adjacency table {str(path)!r} was made for a vocabulary of {int(stored['vocab_size'])} tokens, "
+                              f"the target has {int(vocab_size)}; use a table made with this target, or leave out adjacency= / --adjacency")
+        table = cls(vocab_size, int(stored["k"]))
+        rows = torch.from_numpy(stored["rows"].astype(np.int64))
+        table._next_tokens[rows] = torch.from_numpy(stored["next_tokens"].astype(np.int64))
+        table._next_probs[rows] = torch.from_numpy(stored["next_probs"].astype(np.float32))
+        return table
+
 
 # ``_top_k``'s first stage: the maximum of each block of this many vocabulary entries
 TOP_K_BLOCK = 64
