@@ -47,43 +47,39 @@ def build(model, tokenizer, args) -> None:
     else:
         prompts = split_prompts("train", default_spec_bench_path() or SPEC_BENCH)
     prompts = prompts[: args.limit]
-    out, max_new_tokens = args.build, args.max_new_tokens
     start = time.perf_counter()
     for prompt in prompts:
         decoder.generate(encode_prompt(tokenizer, prompt.text))
     table = decoder.drafter.adjacency
-    table.save(out, target="SmolLM2-135M-Instruct")
+    table.save(args.build, target="SmolLM2-135M-Instruct")
     rows = int((table.next_tokens[:, 0] >= 0).sum())
-    print(f"{len(prompts)} prompts x {max_new_tokens} tokens in {time.perf_counter() - start:.0f} s: "
-          f"{rows} rows of {table.vocab_size} written to {out}")
+    print(f"{len(prompts)} prompts x {args.max_new_tokens} tokens in {time.perf_counter() - start:.0f} s: "
+          f"{rows} rows of {table.vocab_size} written to {args.build}")
 
 
-def decode(model, tokenizer, ids, table, args, seed: int):
+def decode(model, tokenizer, ids, table, args, seed: int, record: RunRecord) -> tuple[int, float]:
+    """(tokens, decoding seconds) of one run; its rounds' policy and oracle scores added to ``record``."""
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                  eos_token_id=[] if args.temperature > 0 else None, adjacency=table)
     output, trees, extra = run_default(decoder, ids, seed)
-    record = RunRecord("", "")
     score_policy(record, round_prefixes(trees, output, decoder.cost_model.table(max(t.offered.num_nodes for t in trees))))
-    seconds = output.seconds - output.prefill_seconds - extra
-    return output.new_tokens, seconds, record
+    return output.new_tokens, output.seconds - output.prefill_seconds - extra
 
 
 def ab(model, tokenizer, args) -> None:
     table = AdjacencyTable.load(args.table, model.config.vocab_size)
     prompts = held_out_prompts(None, args.per_category, default_spec_bench_path() or SPEC_BENCH, list(CATEGORIES), args.humaneval)
     arms = {"empty": None, "warm": table}
-    policy = {name: [0.0, 0.0, 0.0, 0.0] for name in arms}
+    scores = {name: RunRecord(name, "") for name in arms}  # each arm's policy and oracle, over all runs
     ratios, by_category = [], defaultdict(list)
     for index, prompt in enumerate(prompts):
         ids = encode_prompt(tokenizer, prompt.text)
         totals = {name: [0, 0.0] for name in arms}
         for repeat in range(args.repeats):
             for name in (("empty", "warm") if (repeat + index) % 2 == 0 else ("warm", "empty")):
-                tokens, seconds, record = decode(model, tokenizer, ids, arms[name] and copy.deepcopy(arms[name]), args, index)
+                tokens, seconds = decode(model, tokenizer, ids, arms[name] and copy.deepcopy(arms[name]), args, index, scores[name])
                 totals[name][0] += tokens
                 totals[name][1] += seconds
-                for slot, value in enumerate((record.policy_tokens, record.policy_cost, record.oracle_tokens, record.oracle_cost)):
-                    policy[name][slot] += value
         ratio = (totals["warm"][0] / totals["warm"][1]) / (totals["empty"][0] / totals["empty"][1])
         ratios.append(ratio)
         by_category[prompt.category].append(ratio)
@@ -92,8 +88,9 @@ def ab(model, tokenizer, args) -> None:
         print(f"  category {category:<15} geometric mean {geometric_mean(values):.3f}")
     print(f"T = {args.temperature}: decoding speed warm / empty, geometric mean {geometric_mean(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(ratios)} prompts x {args.repeats} repeats")
-    for name, (pt, pc, ot, oc) in policy.items():
-        print(f"  {name}: {100 * (pt / pc) / (ot / oc):.1f}% of the hindsight oracle's tokens per second")
+    for name, r in scores.items():
+        fraction = (r.policy_tokens / r.policy_cost) / (r.oracle_tokens / r.oracle_cost)
+        print(f"  {name}: {100 * fraction:.1f}% of the hindsight oracle's tokens per second")
 
 
 def main() -> None:

@@ -4,12 +4,14 @@ is refused for any other draft or another vocabulary. That the text does not cha
 tests/engine/test_drafter_invariance.py's "token-trees-warm-table"."""
 
 
+import argparse
+
 import numpy as np
 import pytest
 import torch
 
 from tests.engine.tiny import tiny_llama
-from verispec.cli.generate import start_table
+from verispec.cli.generate import adjacency_flag
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 from verispec.models.token_tree import EMPTY, AdjacencyTable
@@ -65,11 +67,10 @@ def test_a_table_is_refused_for_another_draft_or_vocabulary(target):
 
 def test_the_cli_flag_starts_the_trees_from_a_file_and_refuses_plain_decoding(target, tmp_path):
     learned_table(target).save(tmp_path / "table.npz")
-    trees = decoder(target)
-    for empty in (None, "none"):
-        start_table(trees, empty)
+    for empty in (argparse.Namespace(), argparse.Namespace(adjacency=None), argparse.Namespace(adjacency="none")):
+        trees = decoder(target, adjacency=adjacency_flag(empty))
         assert (trees.drafter.adjacency.next_tokens == EMPTY).all()
-    start_table(trees, str(tmp_path / "table.npz"))
-    assert (trees.drafter.adjacency.next_tokens[:, 0] != EMPTY).all()
+    given = adjacency_flag(argparse.Namespace(adjacency=str(tmp_path / "table.npz")))
+    assert (decoder(target, adjacency=given).drafter.adjacency.next_tokens[:, 0] != EMPTY).all()
     with pytest.raises(ConfigError, match="token-tree draft"):
-        start_table(decoder(target, method="ar"), str(tmp_path / "table.npz"))
+        decoder(target, method="ar", adjacency=given)

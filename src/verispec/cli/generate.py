@@ -64,21 +64,6 @@ def load_pair(target: str | None, draft: str | None, dtype: str, device: str, ne
 
 
 def _decoder(args, target_model, tokenizer, draft_model, method=None) -> SpeculativeDecoder:
-    decoder = _bare_decoder(args, target_model, tokenizer, draft_model, method)
-    start_table(decoder, getattr(args, "adjacency", None))
-    return decoder
-
-
-def start_table(decoder, adjacency: str | None) -> None:
-    """``--adjacency FILE``: start the token-tree draft from that table (``AdjacencyTable.save``);
-    None or "none": an empty table."""
-    if adjacency not in (None, "none"):
-        from verispec.engine.drafters import start_adjacency
-
-        start_adjacency(decoder.drafter, adjacency, decoder.target.vocab_size)
-
-
-def _bare_decoder(args, target_model, tokenizer, draft_model, method=None) -> SpeculativeDecoder:
     return SpeculativeDecoder(
         target_model,
         draft_model,
@@ -97,7 +82,15 @@ def _bare_decoder(args, target_model, tokenizer, draft_model, method=None) -> Sp
         device=args.device,
         backend=getattr(args, "backend", "auto"),
         batch_invariant=getattr(args, "batch_invariant", False),
+        adjacency=adjacency_flag(args),
     )
+
+
+def adjacency_flag(args) -> str | None:
+    """``--adjacency FILE``: the table the token-tree draft starts from (``AdjacencyTable.save``);
+    None (not given, a command without the flag, or "none"): an empty table."""
+    adjacency = getattr(args, "adjacency", None)
+    return None if adjacency == "none" else adjacency
 
 
 def _draft_name(decoder) -> str:
