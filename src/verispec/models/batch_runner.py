@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.errors import ConfigError
+from verispec.models.attention import single_query_attention, takes_single_query_path
 from verispec.models.kv_buffer import MIN_CAPACITY, KVBuffers
 from verispec.models.native_llama import NativeLlamaRunner, _rms_norm, _rotate
 
@@ -365,7 +366,13 @@ class BatchedLlamaRunner:
             else:
                 key_cache[slot_of, :, entry_of] = k
                 value_cache[slot_of, :, entry_of] = v
-            if single:  # the solo runner's kernel
+            if single and total == 1 and mask is None and base.single_query_path and takes_single_query_path(
+                    q.view(1, 1, heads, head_dim).transpose(1, 2)):
+                out = single_query_attention(  # the solo runner's single-row path (models.attention)
+                    q.view(1, 1, heads, head_dim).transpose(1, 2), key_cache[slots[0] : slots[0] + 1, :, :end],
+                    value_cache[slots[0] : slots[0] + 1, :, :end], base.scaling,
+                ).reshape(total, heads * head_dim)
+            elif single:  # the solo runner's kernel
                 out = F.scaled_dot_product_attention(
                     q.view(1, width, heads, head_dim).transpose(1, 2), key_cache[slots[0] : slots[0] + 1, :, :end],
                     value_cache[slots[0] : slots[0] + 1, :, :end], attn_mask=mask, scale=base.scaling,

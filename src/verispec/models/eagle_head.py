@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.errors import ConfigError
+from verispec.models.attention import single_query_attention, takes_single_query_path
 
 HEAD_CONFIG_FILE = "verispec_head.json"
 HEAD_WEIGHTS_FILE = "head.safetensors"
@@ -267,10 +268,13 @@ class Eagle3Head(nn.Module):
         past = 0 if past_keys is None else past_keys.shape[2]
         if allowed is None:
             allowed = torch.ones(n, past + n, dtype=torch.bool, device=hidden.device).tril(past)[None]
-        attended = F.scaled_dot_product_attention(
-            q, all_k, all_v, attn_mask=allowed[:, None], scale=config.head_dim**-0.5,
-            enable_gqa=config.num_attention_heads != config.num_key_value_heads,
-        )
+        if takes_single_query_path(q):  # one draft step of one sequence (models.attention: the fast row)
+            attended = single_query_attention(q, all_k, all_v, config.head_dim**-0.5, allowed[0, 0])
+        else:
+            attended = F.scaled_dot_product_attention(
+                q, all_k, all_v, attn_mask=allowed[:, None], scale=config.head_dim**-0.5,
+                enable_gqa=config.num_attention_heads != config.num_key_value_heads,
+            )
         hidden = residual + attn.o_proj(attended.transpose(1, 2).reshape(batch, n, -1))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return StepOutput(hidden, k, v)

@@ -44,6 +44,11 @@ SmolLM, TinyLlama, the sub-vocabulary drafts of ``models.default_draft``) with S
 adapter falls back to the transformers forward otherwise. Logits agree with transformers' forward
 to float rounding (tests/models/test_native_llama.py: 1e-5 in fp32).
 
+One new token in bf16 / fp16 on a CPU (a decoding step, a root-only round) attends by two float32
+products (``models.attention``) instead of ``scaled_dot_product_attention``, whose flash kernel is
+4-8x slower for a single bf16 query row: a third of the default target's one-token forward at 600
+cached tokens (28.6 -> 17.4 ms on an AMD Zen 5, 1 thread). Same float32 accumulation, one rounding.
+
 Batch-invariant mode (``row_shape``, ``models.row_shape``): forwards run in padded chunks of a
 measured shape, with attention one row at a time over each row's gathered keys, so a row's logits do
 not depend on how many tokens shared its forward (docs/drafter-invariance.md).
@@ -57,6 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.errors import ConfigError
+from verispec.models.attention import single_query_attention, takes_single_query_path
 from verispec.models.kv_buffer import MIN_CAPACITY, KVBuffers
 
 
@@ -203,6 +209,9 @@ class NativeLlamaRunner:
         self.length = 0  # valid cache entries
         # batch-invariant mode (``models.row_shape``): None = every forward in one piece, as given
         self.row_shape = None
+        # a bf16 / fp16 query row alone attends by float32 products, not the slow flash kernel
+        # (``models.attention``); False only to measure the difference (benchmarks/single_query_attention.py)
+        self.single_query_path = True
         # opt-in feature capture (EAGLE-3 heads): HF hidden_states indices whose states (the
         # inputs of those decoder layers) every forward also returns in ``last_features``
         self.feature_layers: tuple[int, ...] | None = None
@@ -349,7 +358,9 @@ class NativeLlamaRunner:
                 key_cache[:, :, end:key_end] = 0
                 value_cache[:, :, end:key_end] = 0
             q = _rotate(q, cos, sin)
-            if row_keys is None:
+            if row_keys is None and mask is None and not causal and self.single_query_path and takes_single_query_path(q):
+                out = single_query_attention(q, key_cache[:, :, :key_end], value_cache[:, :, :key_end], self.scaling).transpose(1, 2)
+            elif row_keys is None:
                 out = F.scaled_dot_product_attention(
                     q, key_cache[:, :, :key_end], value_cache[:, :, :key_end], attn_mask=mask, is_causal=causal,
                     scale=self.scaling, enable_gqa=self.num_heads != self.num_kv_heads,
