@@ -3,11 +3,18 @@ per kernel and end to end, side by side in one process.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/single_query_attention.py [--dtype bf16]
         [--contexts 50,200,600,2000] [--humaneval 6] [--per-category 2] [--tokens 64] [--repeats 2]
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/single_query_attention.py --curve [--context 300]
 
 Kernel: for each context length, the median of 200 calls of one layer's attention of the default
 target's shape (9 query heads over 3 kv heads, head dim 64) for one query row, through
 ``scaled_dot_product_attention`` and through ``single_query_attention``; the same flash call with 2
 rows for comparison; and the largest difference of each from a float64 result.
+
+Curve (--curve, instead of the two above): the default target's runner forward over n = 1, 2, 3,
+5, 9, 16, 24, 32 new tokens in a random tree (each node under its predecessor or a random earlier
+node) after ``--context`` cached tokens, with the path on and off, the sizes and the two settings
+shuffled in every one of ``--repeats`` passes; printed: the median seconds relative to one token
+with the path on (the shape of ``draft.tree_policy.DEFAULT_COST_POINTS``).
 
 End to end: four decoders over one default target, plain (``--method ar``) and the default, each
 with the runner's ``single_query_path`` on and off. Per held-out prompt (HumanEval 0..N-1 and the
@@ -75,6 +82,44 @@ def kernel_table(dtype: torch.dtype, contexts: list[int]) -> None:
               f"{errors[0]:.1e} / {errors[1]:.1e} |")
 
 
+def cost_curve(dtype: torch.dtype, context: int, repeats: int) -> None:
+    import random
+
+    from verispec.models.hf import tree_attention_mask
+
+    model, _ = load_default_target(dtype)
+    runner = NativeLlamaRunner(model)
+    chooser = random.Random(0)
+    runner.forward([chooser.randrange(1000, 20000) for _ in range(context)], list(range(context)), None, keep=1)
+    sizes = (1, 2, 3, 5, 9, 16, 24, 32)
+    times: dict[tuple[bool, int], list[float]] = {(path, n): [] for path in (True, False) for n in sizes}
+    for _ in range(repeats):
+        for n in chooser.sample(sizes, len(sizes)):
+            parents = [-1] + [i - 1 if chooser.random() < 0.5 else chooser.randrange(i) for i in range(1, n)]
+            ancestors = []
+            for node in range(n):
+                path = [node]
+                while parents[path[-1]] >= 0:
+                    path.append(parents[path[-1]])
+                ancestors.append(path[::-1])
+            allowed = tree_attention_mask(context, 0, ancestors, n) if n > 1 else None
+            positions = [context + len(path) - 1 for path in ancestors]
+            tokens = [chooser.randrange(1000, 20000) for _ in range(n)]
+            for path in chooser.sample((True, False), 2):
+                runner.single_query_path = path
+                start = time.perf_counter()
+                runner.forward(tokens, positions, allowed, keep=n)
+                times[(path, n)].append(time.perf_counter() - start)
+                runner.keep_entries(context)
+    unit = statistics.median(times[(True, 1)])
+    print(f"forward over n tree nodes after {context} cached tokens, {dtype}, {torch.get_num_threads()} thread(s), "
+          f"{repeats} passes; one token with the path: {unit * 1e3:.1f} ms")
+    print("| n | float32 products for one row | flash kernel for one row |")
+    print("|---|---|---|")
+    for n in sizes:
+        print(f"| {n} | {statistics.median(times[(True, n)]) / unit:.3f} | {statistics.median(times[(False, n)]) / unit:.3f} |")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
@@ -84,8 +129,13 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--curve", action="store_true", help="time forwards over 1-32 tree nodes instead")
+    parser.add_argument("--context", type=int, default=300, help="--curve: cached tokens before the tree")
     args = parser.parse_args(argv)
     dtype = DTYPES[fast_dtype_name() if args.dtype == "auto" else args.dtype]
+    if args.curve:
+        cost_curve(dtype, args.context, max(args.repeats, 12))
+        return 0
     kernel_table(dtype, [int(c) for c in args.contexts.split(",")])
     if args.humaneval + args.per_category == 0:
         return 0
