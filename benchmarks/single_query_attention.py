@@ -17,7 +17,8 @@ shuffled in every one of ``--repeats`` passes; printed: the median seconds relat
 with the path on (the shape of ``draft.tree_policy.DEFAULT_COST_POINTS``).
 
 End to end: four decoders over one default target, plain (``--method ar``) and the default, each
-with the runner's ``single_query_path`` on and off. Per held-out prompt (HumanEval 0..N-1 and the
+with the runner's ``single_query_path`` on and off; off, the default keeps the cost prior shipped
+with the flash kernel (``FLASH_KERNEL_PRIOR``), so "off" is the code as it was before the path. Per held-out prompt (HumanEval 0..N-1 and the
 first ``--per-category`` held-out Spec-Bench prompts of five categories) each generates
 ``--tokens`` tokens (EOS ignored) ``--repeats`` times, the order reversing between repeats and
 prompts (A B C D D C B A ...). Printed: per pair the geometric mean, min and max over prompts x
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from robustness import SPEC_BENCH, geometric_mean, held_out_prompts
 from verispec.cli.generate import DTYPES
 from verispec.distill.data import default_spec_bench_path
+from verispec.engine.cost_model import OnlineCostModel
 from verispec.engine.decoder import SpeculativeDecoder
 from verispec.models.attention import single_query_attention
 from verispec.models.default import encode_prompt, fast_dtype_name, load_default_target
@@ -43,6 +45,8 @@ from verispec.models.hf import HFModelAdapter
 from verispec.models.native_llama import NativeLlamaRunner
 
 CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag")
+# the shipped cost prior while one-token forwards took the flash kernel (5 tokens cost 1.03x one)
+FLASH_KERNEL_PRIOR = ((1, 1.0), (5, 1.03), (9, 1.16), (16, 1.35), (24, 1.59), (32, 1.91))
 PAIRS = (
     ("plain, products / flash", ("on", "plain"), ("off", "plain")),
     ("default, products / flash", ("on", "default"), ("off", "default")),
@@ -146,8 +150,10 @@ def main(argv=None) -> int:
         runner = NativeLlamaRunner(model)
         runner.single_query_path = path
         extra = {} if method is None else {"method": method}
+        # without the path, the cost prior of that time too: the code as it was before the path
+        prior = None if path else OnlineCostModel(prior_points=FLASH_KERNEL_PRIOR)
         return SpeculativeDecoder(HFModelAdapter(model, runner=runner), tokenizer=tokenizer, temperature=args.temperature,
-                                  max_new_tokens=args.tokens, eos_token_id=[], **extra)
+                                  max_new_tokens=args.tokens, eos_token_id=[], cost_model=prior, **extra)
 
     decoders = {(state, kind): decoder(state == "on", "ar" if kind == "plain" else None)
                 for state in ("off", "on") for kind in ("plain", "default")}

@@ -121,7 +121,7 @@ class AcceptanceEstimates:
     child of a node the walk visited; a hit is the walk moving into it.
 
     ``prior_scale`` scales the prior rates (``ACCEPT_PRIOR``): 1 for a target whose extra
-    tokens per forward are nearly free (torch's bf16 curve, where an optimistic start costs little),
+    tokens per forward are cheap (torch's curve: 5 tokens 1.2x one, where an optimistic start costs little),
     less for one whose forwards cost nearly linearly in their tokens (llama.cpp: the adapter's
     ``acceptance_prior_scale``), where optimism makes a fresh decoder's first trees cost several
     plain steps without paying; 0 means a class needs observed hits before it is drafted."""
@@ -405,8 +405,9 @@ class ProbeSchedule:
     The run is at least ``every`` decisions, and long enough that probes cost at most
     ``max_overhead`` of plain decoding's time: a probe scores ``size`` tokens more than a plain
     round, (cost(1 + size) / cost(1) - 1) of a plain round more, so with ``cost`` (the round
-    costs the policy reads) the run is at least that extra over ``max_overhead``, minus one. Where
-    extra tokens are nearly free (native-bf16 CPUs: 5 tokens cost 1.03x one) this is ``every``;
+    costs the policy reads) the run is at least that extra over ``max_overhead``, minus one. With the
+    shipped prior (5 tokens and a speculative round's overhead: 1.22x a plain round) that is 21
+    rounds; where extra tokens are nearly free (5 tokens for 1.05x one) it is ``every``;
     where a forward's cost grows with its tokens (llama.cpp's quantized kernels: 5 tokens ~3x one)
     probes become rare (~200 rounds apart) instead of costing a fifth of the time. Without
     ``cost``: every ``every + 1`` rounds."""
