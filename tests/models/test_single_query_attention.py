@@ -98,3 +98,29 @@ def test_float32_decoding_step_keeps_the_flash_kernel(monkeypatch):
     adapter.reset([5, 17, 3])
     adapter.extend([-1], [-1])
     assert attention.REDUCED_PRECISION == (torch.bfloat16, torch.float16)
+
+
+def test_bf16_head_step_takes_the_path_with_its_mask(monkeypatch):
+    """An EAGLE-3 head's one-entry step in bf16 (a draft step) attends by the float32 products,
+    with its tree mask, and agrees with the same step through torch's kernel (float64)."""
+    from verispec.models import eagle_head
+
+    from .test_eagle_head import tiny_head
+
+    head = tiny_head()
+    generator = torch.Generator().manual_seed(5)
+    past = 9
+    hidden, embeds = torch.randn(1, 1, 16, generator=generator, dtype=torch.float64), torch.randn(1, 1, 16, generator=generator, dtype=torch.float64)
+    keys = torch.randn(1, 2, past, 4, generator=generator, dtype=torch.float64)
+    values = torch.randn(1, 2, past, 4, generator=generator, dtype=torch.float64)
+    allowed = torch.ones(1, 1, past + 1, dtype=torch.bool)
+    allowed[0, 0, 3:6] = False  # entries of another branch of the tree
+    exact = head.step(hidden, embeds, torch.tensor([[past]]), keys, values, allowed).out
+    calls = []
+    monkeypatch.setattr(eagle_head, "single_query_attention", lambda *a, **k: calls.append(1) or single_query_attention(*a, **k))
+    head = head.to(torch.bfloat16)
+    out = head.step(hidden.bfloat16(), embeds.bfloat16(), torch.tensor([[past]]), keys.bfloat16(), values.bfloat16(), allowed).out
+    assert calls == [1]
+    torch.testing.assert_close(out.double(), exact, atol=0.1, rtol=0.05)
+    unmasked = head.step(hidden.bfloat16(), embeds.bfloat16(), torch.tensor([[past]]), keys.bfloat16(), values.bfloat16()).out
+    assert not torch.allclose(unmasked, out)  # the mask was applied

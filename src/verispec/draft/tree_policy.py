@@ -33,7 +33,7 @@ from verispec.errors import ConfigError
 # Scoring n tree nodes after 300 cached tokens with the default target (SmolLM2-135M, bf16, native
 # runner, one-token rows by float32 products), relative to one token: AMD EPYC Zen 5 (avx512_bf16,
 # no AMX), 1 thread, 2026-11-29 (benchmarks/single_query_attention.py --curve). Packed fp32 on the
-# same CPU costs nearly the same (4 / 8 / 16 / 32 tokens: 1.18 / 1.44 / 1.88 / 2.63).
+# same CPU costs nearly the same (5 / 9 / 16 / 32 tokens: 1.19 / 1.40 / 1.75 / 2.67).
 DEFAULT_COST_POINTS = ((1, 1.0), (2, 1.07), (5, 1.20), (9, 1.41), (16, 1.77), (24, 2.16), (32, 2.65))
 
 

@@ -4,8 +4,8 @@ A decoding step, a root-only round and a draft head's step each score ONE new to
 row attends over the whole cache. On a CPU, torch's ``scaled_dot_product_attention`` runs a single
 bf16 query row through its flash kernel at about 0.7 us per cached key and query head group, 4-8x
 slower than the same attention as two float32 products: AMD EPYC Zen 5 (avx512_bf16, no AMX),
-torch 2.13, 1 thread, SmolLM2-135M's 9 query heads over 3 kv heads, 600 cached keys: 417 us
-against 66 us per layer, i.e. a third of a whole one-token forward of the default target; with two
+torch 2.13, 1 thread, SmolLM2-135M's 9 query heads over 3 kv heads, 600 cached keys: 428 us
+against 70 us per layer, i.e. a third of a whole one-token forward of the default target; with two
 or more query rows the flash kernel is as fast as the products (``benchmarks/single_query_attention.py``).
 Both accumulate in float32 and round once to the model's dtype, so they agree to that rounding.
 
