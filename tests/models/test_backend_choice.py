@@ -94,6 +94,7 @@ def test_a_cpu_without_bf16_takes_llamacpp_whatever_the_command_or_length(extra_
         (dict(draft="default"), "runs on torch"),  # the shipped trained draft, when there is one, is a torch model
         (dict(method="sprinter"), "SPRINTER"),
         (dict(target="/models/hf-dir"), "not a GGUF"),
+        (dict(batch_invariant=True), "--batch-invariant"),  # a mode of the native runner
     ],
 )
 def test_what_llamacpp_cannot_run_or_was_not_asked_for_stays_on_torch(extra_installed, flags, why):
@@ -143,7 +144,22 @@ def test_the_cli_resolves_auto_before_loading_a_model(monkeypatch, command):
     monkeypatch.setattr(generate, "run_demo", fake_run)
     assert cli_main.main(command + ["--max-new-tokens", "77"]) == 0
     assert seen["backend"] == LLAMACPP
-    assert seen["asked"] == {"command": command[0], "max_new_tokens": 77}  # the rule sees the command and lengths
+    assert seen["asked"] == {"command": command[0], "max_new_tokens": 77, "batch_invariant": False}  # the command, lengths, mode
     assert 10 < seen["prompt_tokens"] < 1000  # the chat-wrapped "hi", or demo's HumanEval prompts, in tokens
     assert cli_main.main(command + ["--backend", "native"]) == 0  # an explicit backend is kept
     assert seen["backend"] == "native"
+
+
+def test_the_cli_passes_batch_invariant_to_the_rule(extra_installed, monkeypatch):
+    """`verispec generate --batch-invariant` resolves auto to torch on a CPU whose rule would pick
+    llama.cpp (before, the run stopped with "this target runs on 'llamacpp'")."""
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)  # stop before any model loads
+
+    monkeypatch.setattr(backend_choice, "choose_backend", spy)
+    with pytest.raises(SystemExit):
+        cli_main.main(["generate", "Hi", "--batch-invariant", "--max-new-tokens", "4"])
+    assert seen["batch_invariant"] is True

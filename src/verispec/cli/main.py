@@ -155,7 +155,8 @@ def main(argv=None) -> int:
 
             choice = choose_backend(args.target, args.draft, args.method, args.dtype, args.device,
                                     command=args.command, max_new_tokens=getattr(args, "max_new_tokens", None),
-                                    prompt_tokens=mean_prompt_tokens(args) if args.command != "serve" else None)
+                                    prompt_tokens=mean_prompt_tokens(args) if args.command != "serve" else None,
+                                    batch_invariant=getattr(args, "batch_invariant", False))
             args.backend, args.backend_reason = choice.backend, choice.reason
         if args.command == "generate" and args.method == "sprinter":
             from verispec.cli.generate import check_prompt_source

@@ -10,7 +10,7 @@ torch when any of these holds (llama.cpp cannot run the configuration, or was no
 * the target is not one llama.cpp runs as a GGUF (the default target's shipped GGUF, Gemma 3 270M
   with the gemma extra, a .gguf path);
 * the rule or draft needs torch: SPRINTER or a draft head (they read hidden states), or a Hugging
-  Face draft model.
+  Face draft model; or ``--batch-invariant`` (a mode of the native runner).
 
 Otherwise by the CPU's kind (a .gguf target runs on llama.cpp in any case):
 
@@ -77,12 +77,14 @@ def choose_backend(
     command: str = "generate",
     max_new_tokens: int | None = None,
     prompt_tokens: float | Callable[[], float] | None = None,
+    batch_invariant: bool = False,
 ) -> BackendChoice:
     """What ``--backend auto`` runs for these flags (see the module docstring); ``cpuinfo``: the
     text of /proc/cpuinfo (read when None); ``command``: generate, demo or serve;
     ``max_new_tokens``: the answer's length bound (None: unknown, taken as long); ``prompt_tokens``:
     the prompts' mean length in tokens, or a function giving it (called only when the rule needs it:
-    it tokenizes); None: unknown, the answer is taken as long for it."""
+    it tokenizes); None: unknown, the answer is taken as long for it. ``batch_invariant``: the
+    batch-invariant mode was asked for, which only the native torch runner has."""
     from verispec.models.default import fast_dtype_name, read_cpuinfo
 
     if is_gguf_source(target):  # a GGUF path only runs on llama.cpp
@@ -92,6 +94,8 @@ def choose_backend(
     reason = llamacpp_available() or _gguf_target(target)
     if reason is not None:
         return BackendChoice(TORCH, reason)
+    if batch_invariant:
+        return BackendChoice(TORCH, "--batch-invariant shapes the forwards of the native torch runner")
     if method == "sprinter":
         return BackendChoice(TORCH, "SPRINTER reads hidden states, which llama.cpp does not return")
     if not (draft in MODEL_FREE_DRAFTS or is_gguf_source(draft)):
