@@ -304,6 +304,7 @@ def stop_load(process: subprocess.Popen) -> None:
 
 
 def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None:
+    from verispec.cli.generate import adjacency_flag
     from verispec.engine.decoder import SpeculativeDecoder
     from verispec.models.default import encode_prompt
 
@@ -312,7 +313,7 @@ def run_condition(condition: Condition, model, tokenizer, prompts, args) -> None
     if args.ignore_eos:
         common["eos_token_id"] = []  # no EOS: every run decodes exactly max_new_tokens
 
-    adjacency = None if args.adjacency == "none" else args.adjacency
+    adjacency = adjacency_flag(args)  # "none": an empty table, as verispec generate
 
     def decoders():
         return SpeculativeDecoder(model, None, method="ar", **common), SpeculativeDecoder(model, adjacency=adjacency, **common)
