@@ -60,11 +60,11 @@ def test_bf16_within_one_rounding_of_the_exact_result():
 
 
 def test_only_reduced_precision_single_cpu_rows_take_the_path():
-    row = torch.zeros(1, 4, 1, 8)
-    assert takes_single_query_path(row.bfloat16()) and takes_single_query_path(row.half())
-    assert not takes_single_query_path(row)  # float32 keeps the flash kernel (same speed, same bits as before)
-    assert not takes_single_query_path(torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16))  # two rows
-    assert not takes_single_query_path(torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16))  # two sequences
+    cpu = torch.device("cpu")
+    assert takes_single_query_path(1, torch.bfloat16, cpu) and takes_single_query_path(1, torch.float16, "cpu")
+    assert not takes_single_query_path(1, torch.float32, cpu)  # float32 keeps the flash kernel (same speed, same bits as before)
+    assert not takes_single_query_path(2, torch.bfloat16, cpu)  # two rows
+    assert not takes_single_query_path(1, torch.bfloat16, torch.device("meta"))  # not a CPU
 
 
 def test_bf16_decoding_step_uses_the_path_and_keeps_the_logits(monkeypatch):
@@ -122,5 +122,28 @@ def test_bf16_head_step_takes_the_path_with_its_mask(monkeypatch):
     out = head.step(hidden.bfloat16(), embeds.bfloat16(), torch.tensor([[past]]), keys.bfloat16(), values.bfloat16(), allowed).out
     assert calls == [1]
     torch.testing.assert_close(out.double(), exact, atol=0.1, rtol=0.05)
+    pair = head.step(hidden.bfloat16().expand(2, 1, 16), embeds.bfloat16().expand(2, 1, 16), torch.tensor([[past]] * 2),
+                     keys.bfloat16().expand(2, -1, -1, -1), values.bfloat16().expand(2, -1, -1, -1), allowed.expand(2, -1, -1)).out
+    assert calls == [1]  # two sequences keep torch's kernel
+    torch.testing.assert_close(pair[0], out[0], atol=0.05, rtol=0)
     unmasked = head.step(hidden.bfloat16(), embeds.bfloat16(), torch.tensor([[past]]), keys.bfloat16(), values.bfloat16()).out
     assert not torch.allclose(unmasked, out)  # the mask was applied
+
+
+def test_bf16_batch_of_one_step_takes_the_path_as_the_solo_runner(monkeypatch):
+    """A batch of one sequence scoring one token (a server replica's plain step) attends by the
+    float32 products, as the solo runner does, and gives the solo runner's logits."""
+    from verispec.models import batch_runner
+    from verispec.models.batch_runner import BatchedLlamaRunner
+    from verispec.models.native_llama import NativeLlamaRunner
+
+    calls = []
+    monkeypatch.setattr(batch_runner, "single_query_attention", lambda *a, **k: calls.append(1) or single_query_attention(*a, **k))
+    model = llama(hidden_size=96, intermediate_size=128, num_attention_heads=6, num_key_value_heads=2).to(torch.bfloat16)
+    solo, slot = NativeLlamaRunner(model), BatchedLlamaRunner(NativeLlamaRunner(model)).open()
+    prompt = [5, 17, 3, 9, 30, 2, 11]
+    for runner in (solo, slot):
+        runner.forward(prompt, list(range(len(prompt))), None, keep=1)
+    batched, alone = slot.forward([4], [len(prompt)], None, keep=1), solo.forward([4], [len(prompt)], None, keep=1)
+    assert len(calls) == model.config.num_hidden_layers
+    torch.testing.assert_close(batched, alone, atol=0.05, rtol=0)

@@ -21,9 +21,11 @@ import torch
 REDUCED_PRECISION = (torch.bfloat16, torch.float16)
 
 
-def takes_single_query_path(query: torch.Tensor) -> bool:
-    """Whether ``query`` (batch, heads, n, head_dim) is one row of a reduced-precision CPU forward."""
-    return query.shape[0] == 1 and query.shape[2] == 1 and query.dtype in REDUCED_PRECISION and query.device.type == "cpu"
+def takes_single_query_path(rows: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a forward of ``rows`` query rows of one sequence in ``dtype`` on ``device`` attends by
+    ``single_query_attention``: one row of a reduced-precision CPU forward. A runner asks once per
+    forward, before its layers (the answer is the same for every layer)."""
+    return rows == 1 and dtype in REDUCED_PRECISION and torch.device(device).type == "cpu"
 
 
 def single_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,

@@ -352,6 +352,8 @@ class BatchedLlamaRunner:
         capture = {i for r in requests if r.features is not None for i in r.features}
         captured: dict[int, torch.Tensor] = {}  # layer index -> (M, hidden) inputs of that layer, packed
         fused = base.fused_linears()
+        single_row = (single and total == 1 and mask is None and base.single_query_path
+                      and takes_single_query_path(total, hidden.dtype, device))
         for index, (layer, linears, key_cache, value_cache) in enumerate(zip(base.layers, base.linears, self.kv.keys, self.kv.values)):
             if index in capture:
                 captured[index] = hidden[0]
@@ -366,9 +368,8 @@ class BatchedLlamaRunner:
             else:
                 key_cache[slot_of, :, entry_of] = k
                 value_cache[slot_of, :, entry_of] = v
-            if single and total == 1 and mask is None and base.single_query_path and takes_single_query_path(
-                    q.view(1, 1, heads, head_dim).transpose(1, 2)):
-                out = single_query_attention(  # the solo runner's single-row path (models.attention)
+            if single_row:  # the solo runner's single-row path (models.attention)
+                out = single_query_attention(
                     q.view(1, 1, heads, head_dim).transpose(1, 2), key_cache[slots[0] : slots[0] + 1, :, :end],
                     value_cache[slots[0] : slots[0] + 1, :, :end], base.scaling,
                 ).reshape(total, heads * head_dim)

@@ -268,7 +268,7 @@ class Eagle3Head(nn.Module):
         past = 0 if past_keys is None else past_keys.shape[2]
         if allowed is None:
             allowed = torch.ones(n, past + n, dtype=torch.bool, device=hidden.device).tril(past)[None]
-        if takes_single_query_path(q):  # one draft step of one sequence (models.attention: the fast row)
+        if batch == 1 and takes_single_query_path(n, q.dtype, q.device):  # one draft step of one sequence (models.attention)
             attended = single_query_attention(q, all_k, all_v, config.head_dim**-0.5, allowed[0, 0])
         else:
             attended = F.scaled_dot_product_attention(

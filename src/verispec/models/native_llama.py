@@ -344,7 +344,9 @@ class NativeLlamaRunner:
         cos, sin = cos[:, None], sin[:, None]  # (1, 1, n, head_dim)
         capture = self.feature_layers
         captured: dict[int, torch.Tensor] = {}
-        single_row = None  # one bf16 / fp16 query row: ``models.attention`` instead of the flash kernel
+        # one bf16 / fp16 query row over the whole cache: ``models.attention`` instead of the flash kernel
+        single_row = (row_keys is None and mask is None and not causal and self.single_query_path
+                      and takes_single_query_path(n, hidden.dtype, device))
         for index, (layer, linears, key_cache, value_cache) in enumerate(zip(self.layers, self.linears, self.kv.keys, self.kv.values)):
             if capture is not None and index in capture:
                 captured[index] = hidden[0]  # the input of decoder layer ``index`` = HF hidden_states[index]
@@ -359,8 +361,6 @@ class NativeLlamaRunner:
                 key_cache[:, :, end:key_end] = 0
                 value_cache[:, :, end:key_end] = 0
             q = _rotate(q, cos, sin)
-            if single_row is None:  # decided once per forward (the same for every layer)
-                single_row = row_keys is None and mask is None and not causal and self.single_query_path and takes_single_query_path(q)
             if single_row:
                 out = single_query_attention(q, key_cache[:, :, :key_end], value_cache[:, :, :key_end], self.scaling).transpose(1, 2)
             elif row_keys is None:
