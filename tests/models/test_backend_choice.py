@@ -65,12 +65,14 @@ def test_the_prompt_is_tokenized_only_when_its_length_decides(extra_installed):
         calls.append(1)
         return 400.0
 
-    for cpuinfo in (AMX, NO_BF16):
-        choose_backend(None, None, None, cpuinfo=cpuinfo, max_new_tokens=8, prompt_tokens=prompt_tokens)
-    choose_backend(None, None, None, cpuinfo=BF16_NO_AMX, command="serve", max_new_tokens=8, prompt_tokens=prompt_tokens)
+    choose_backend(None, None, None, cpuinfo=AMX, max_new_tokens=8, prompt_tokens=prompt_tokens)
+    for cpuinfo in (BF16_NO_AMX, NO_BF16):
+        choose_backend(None, None, None, cpuinfo=cpuinfo, command="serve", max_new_tokens=8, prompt_tokens=prompt_tokens)
+        choose_backend(None, None, None, cpuinfo=cpuinfo, max_new_tokens=None, prompt_tokens=prompt_tokens)
     assert calls == []
     assert choose_backend(None, None, None, cpuinfo=BF16_NO_AMX, max_new_tokens=8, prompt_tokens=prompt_tokens).backend == TORCH
-    assert calls == [1]
+    assert choose_backend(None, None, None, cpuinfo=NO_BF16, max_new_tokens=64, prompt_tokens=prompt_tokens).backend == LLAMACPP
+    assert calls == [1, 1]  # once per choice, also when it keeps llama.cpp
 
 
 def test_bf16_without_amx_serves_on_torch(extra_installed):
@@ -78,10 +80,28 @@ def test_bf16_without_amx_serves_on_torch(extra_installed):
     assert choice.backend == TORCH and "serve" in choice.reason
 
 
-def test_a_cpu_without_bf16_takes_llamacpp_whatever_the_command_or_length(extra_installed):
-    for command in ("generate", "demo", "serve"):
-        for length in (None, 1, 32, 128):
-            assert choose_backend(None, None, None, cpuinfo=NO_BF16, command=command, max_new_tokens=length).backend == LLAMACPP
+@pytest.mark.parametrize("command", ["generate", "demo"])
+def test_a_cpu_without_bf16_weighs_only_a_very_short_answer_against_the_prompt(extra_installed, command):
+    """llama.cpp (it decodes ~4x faster than torch fp32) unless new tokens < share x prompt tokens
+    (torch fp32 prefills ~2.7x faster); the share is far below the bf16 CPUs' one."""
+    share = backend_choice.NEW_PER_PROMPT_TOKEN_FP32
+    assert share < backend_choice.NEW_PER_PROMPT_TOKEN
+
+    def choice(new, prompt):
+        return choose_backend(None, None, None, cpuinfo=NO_BF16, command=command, max_new_tokens=new, prompt_tokens=prompt)
+
+    assert choice(32, 32 / share).backend == LLAMACPP  # at the crossover: llama.cpp
+    assert choice(31, 32 / share).backend == TORCH
+    assert "no native bf16" in choice(31, 32 / share).reason and "fp32 prefills faster" in choice(31, 32 / share).reason
+    assert choice(128, 1000).backend == LLAMACPP  # the CLI's default answer after a long prompt: decoding dominates
+    assert choice(48, 1000).backend == TORCH  # a long document, a short answer: the prefill dominates
+    assert choice(8, None).backend == choice(None, 4000).backend == LLAMACPP  # unknown: taken as long
+
+
+def test_a_cpu_without_bf16_serves_on_llamacpp_whatever_the_length(extra_installed):
+    for length in (None, 1, 32, 128):
+        choice = choose_backend(None, None, None, cpuinfo=NO_BF16, command="serve", max_new_tokens=length, prompt_tokens=4000)
+        assert choice.backend == LLAMACPP
 
 
 @pytest.mark.parametrize(

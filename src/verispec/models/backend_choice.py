@@ -14,8 +14,11 @@ torch when any of these holds (llama.cpp cannot run the configuration, or was no
 
 Otherwise by the CPU's kind (a .gguf target runs on llama.cpp in any case):
 
-* no native bf16 dot products (``models.default.fast_dtype_name`` is "fp32"): llama.cpp. Torch runs
-  fp32 there, one token ~3x slower than llama.cpp's quantized kernels (DESIGN.md §7);
+* no native bf16 dot products (``models.default.fast_dtype_name`` is "fp32"): llama.cpp, whose
+  quantized kernels decode ~4x faster than torch fp32 there, unless ``generate`` / ``demo``'s answer is
+  very short for its prompt: fewer than ``NEW_PER_PROMPT_TOKEN_FP32`` new tokens per prompt token,
+  where torch fp32's ~2.7x faster prefill wins (an AVX2-only AMD EPYC, docs/llamacpp.md). ``serve``
+  keeps llama.cpp;
 * AMX (``amx_bf16``, Intel Xeon since Sapphire Rapids): torch bf16. Its tiles score a tree of 16
   tokens for about the price of one and prefill faster; its default configuration beat llama.cpp's
   end to end (Xeon runs of 2026-11-26);
@@ -44,6 +47,20 @@ MODEL_FREE_DRAFTS = (None, "tree", "ngram")
 # (torch's - llama.cpp's decode ms per new token): 0.60 fitted on a Zen 5, 0.55 the best split of its
 # 32 tuning prompts (docs/llamacpp.md, "Which backend auto picks")
 NEW_PER_PROMPT_TOKEN = 0.55
+# the same crossover on a CPU without native bf16, against torch fp32: (12.0 - 4.4 ms prefill per prompt
+# token) / (97.6 - 22.0 ms per new token) = 0.10, fitted on the 32 tuning prompts on an AVX2-only AMD
+# EPYC (splits at 0.08-0.2 were equally the best of them; docs/llamacpp.md, "Which backend auto picks")
+NEW_PER_PROMPT_TOKEN_FP32 = 0.10
+
+
+def _long_prompt(max_new_tokens: int | None, prompt_tokens: float | Callable[[], float] | None, share: float) -> float | None:
+    """The prompt's length in tokens when the answer is short for it (max_new_tokens < share x that
+    length), else None. An unknown length (None) counts as a long answer; ``prompt_tokens`` is called
+    (it tokenizes) only when max_new_tokens is known."""
+    if max_new_tokens is None:
+        return None
+    prompt = prompt_tokens() if callable(prompt_tokens) else prompt_tokens
+    return prompt if prompt is not None and max_new_tokens < share * prompt else None
 
 
 @dataclass(frozen=True)
@@ -102,14 +119,17 @@ def choose_backend(
         return BackendChoice(TORCH, f"the draft {str(draft)!r} runs on torch")
     cpuinfo = read_cpuinfo() if cpuinfo is None else cpuinfo
     if fast_dtype_name(cpuinfo) != "bf16":
+        prompt = None if command == "serve" else _long_prompt(max_new_tokens, prompt_tokens, NEW_PER_PROMPT_TOKEN_FP32)
+        if prompt is not None:
+            return BackendChoice(TORCH, f"no native bf16, {max_new_tokens} new tokens for a {prompt:.0f}-token "
+                                        "prompt: torch fp32 prefills faster")
         return BackendChoice(LLAMACPP, "this CPU lacks native bf16: llama.cpp's quantized kernels are faster than torch fp32")
     if "amx_bf16" in cpuinfo.split():
         return BackendChoice(TORCH, "this CPU has AMX: torch bf16 with token trees is faster")
     if command == "serve":
         return BackendChoice(TORCH, "native bf16 without AMX, serve: the continuous batch runs on torch")
-    if max_new_tokens is not None:
-        prompt = prompt_tokens() if callable(prompt_tokens) else prompt_tokens
-        if prompt is not None and max_new_tokens < NEW_PER_PROMPT_TOKEN * prompt:
-            return BackendChoice(TORCH, f"native bf16 without AMX, {max_new_tokens} new tokens for a {prompt:.0f}-token "
-                                        "prompt: torch bf16 prefills faster")
+    prompt = _long_prompt(max_new_tokens, prompt_tokens, NEW_PER_PROMPT_TOKEN)
+    if prompt is not None:
+        return BackendChoice(TORCH, f"native bf16 without AMX, {max_new_tokens} new tokens for a {prompt:.0f}-token "
+                                    "prompt: torch bf16 prefills faster")
     return BackendChoice(LLAMACPP, "native bf16 without AMX and a long enough answer: llama.cpp decodes faster than torch bf16")
