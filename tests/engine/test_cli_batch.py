@@ -35,8 +35,10 @@ def test_prompts_file_decodes_every_line_as_alone(tmp_path, capsys, tiny_models)
     model, tokenizer = tiny_models
     path, stats = tmp_path / "prompts.txt", tmp_path / "stats.json"
     path.write_text("\n".join(PROMPTS) + "\n")
+    # --backend native: the tiny target is a torch model, and auto may pick llama.cpp on CPUs without
+    # native bf16 when the answer is long for its prompt
     code = main(["generate", "--prompts-file", str(path), "--max-new-tokens", "5", "--temperature", "0",
-                 "--max-batch", "2", "--stats-json", str(stats)])
+                 "--max-batch", "2", "--stats-json", str(stats), "--backend", "native"])
     assert code == 0
     captured = capsys.readouterr()
     assert [line for line in captured.out.splitlines() if line.startswith("=== prompt")] == [
@@ -57,7 +59,8 @@ def test_jsonl_prompts_file_takes_prompt_or_first_turn(tmp_path, capsys, tiny_mo
     path = tmp_path / "prompts.jsonl"
     path.write_text(json.dumps({"prompt": PROMPTS[0]}) + "\n" + json.dumps({"turns": [PROMPTS[1], "more"]}) + "\n")
     assert generate_cli.read_prompts_file(str(path)) == PROMPTS[:2]
-    assert main(["generate", "--prompts-file", str(path), "--max-new-tokens", "3", "--method", "ar"]) == 0
+    assert main(["generate", "--prompts-file", str(path), "--max-new-tokens", "3", "--method", "ar",
+                 "--backend", "native"]) == 0
     assert capsys.readouterr().out.count("=== prompt") == 2
 
 
@@ -96,7 +99,8 @@ def test_a_bad_prompt_fails_alone(tmp_path, capsys, tiny_models, monkeypatch):
     """A prompt longer than the target's context fails with its message; the others print."""
     path = tmp_path / "prompts.txt"
     path.write_text("\n".join([PROMPTS[0], "word " * 1500, PROMPTS[1]]) + "\n")
-    assert main(["generate", "--prompts-file", str(path), "--max-new-tokens", "3", "--method", "ar"]) == 1
+    assert main(["generate", "--prompts-file", str(path), "--max-new-tokens", "3", "--method", "ar",
+                 "--backend", "native"]) == 1
     captured = capsys.readouterr()
     assert "error: prompt 2:" in captured.err and "does not fit" in captured.err
     assert captured.out.count("=== prompt") == 3

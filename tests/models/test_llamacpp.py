@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from dataclasses import dataclass
 from functools import cache
 
 import gguf
@@ -288,16 +289,58 @@ GREEDY_PROMPTS = ["Write a Python function that returns the n-th Fibonacci numbe
 GREEDY_TOKENS = 20
 
 
+# a row scored alone and the same row inside a tree forward differ by up to ~1.1 logits on llama.cpp
+# (docs/llamacpp.md), so where plain greedy decoding's top logits lie closer than this, a speculative
+# round may take another token: a flip of batch variance, on a CPU kind whose kernels round that way
+TIE_LOGITS = 1.1
+
+
+@dataclass
+class GreedyReference:
+    """Plain greedy llama.cpp output, with each position's near ties: the tokens whose logit in the
+    plain one-token row lies within TIE_LOGITS of the top one."""
+
+    token_ids: list[int]
+    near_ties: list[set[int]]
+
+
+def plain_greedy(target, ids: list[int]) -> GreedyReference:
+    """Plain greedy decoding of GREEDY_TOKENS tokens through the decoder (``--method ar``), and the
+    near ties along it from the same one-token rows."""
+    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
+    token_ids = plain.generate(ids).token_ids
+    target.reset(ids)
+    near_ties = []
+    for token in token_ids:
+        row = target.score([-1], [-1])[0]
+        assert int(row.argmax()) == token  # the same rows as the decoder's
+        near_ties.append({int(t) for t in torch.nonzero(row >= row.max() - TIE_LOGITS).flatten()})
+        target.commit([], token)
+    return GreedyReference(token_ids, near_ties)
+
+
+def assert_follows(output_ids: list[int], reference: GreedyReference) -> int:
+    """``output_ids`` equals the plain greedy reference, or first differs where the reference had a
+    near tie and took one of its tied tokens (the rest then continues another text, not compared).
+    Returns the number of positions compared equal."""
+    assert len(output_ids) == len(reference.token_ids)
+    for position, (token, expected) in enumerate(zip(output_ids, reference.token_ids)):
+        if token != expected:
+            assert token in reference.near_ties[position], (
+                f"position {position}: {token} instead of {expected}, not within {TIE_LOGITS} logits of it in the plain row")
+            return position
+    return len(output_ids)
+
+
 def greedy_references(name: str):
-    """(llama.cpp target ``name``, GREEDY_PROMPTS as its token ids, plain greedy llama.cpp output of each)."""
+    """(llama.cpp target ``name``, GREEDY_PROMPTS as its token ids, the plain greedy reference of each)."""
     from verispec.models.default import encode_prompt
     from verispec.models.llamacpp import load_gguf_tokenizer, load_llamacpp_adapter
 
     tokenizer = load_gguf_tokenizer(name)
     target = load_llamacpp_adapter(name, n_threads=1)
     prompts = [encode_prompt(tokenizer, text) for text in GREEDY_PROMPTS]
-    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
-    return target, prompts, [plain.generate(ids).token_ids for ids in prompts]
+    return target, prompts, [plain_greedy(target, ids) for ids in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -313,8 +356,8 @@ def test_lossless_rules_reproduce_greedy_llamacpp_output(default_gguf, method):
         target, "ngram", method=method, temperature=0, draft_temperature=1.0, max_new_tokens=GREEDY_TOKENS,
         eos_token_id=[], seed=3, **greedy_draft_shape(method),
     )
-    for ids, reference in zip(prompts, references):
-        assert decoder.generate(ids).token_ids == reference
+    compared = sum(assert_follows(decoder.generate(ids).token_ids, reference) for ids, reference in zip(prompts, references))
+    assert compared >= GREEDY_TOKENS // 2  # not vacuous: a near tie did not end the comparison at once
 
 
 @pytest.mark.slow
@@ -329,13 +372,14 @@ def test_default_token_trees_reproduce_greedy_llamacpp_output(default_gguf):
     # the shipped acceptance prior, not llama.cpp's zero one: with 20 tokens per prompt the zero
     # prior learns from a handful of shadow trials, and whether any draft token is accepted is luck
     decoder.drafter.estimates = AcceptanceEstimates()
-    accepted = 0
+    accepted = compared = 0
     for ids, reference in zip(prompts, references):
         output = decoder.generate(ids)
-        assert output.token_ids == reference
+        compared += assert_follows(output.token_ids, reference)
         accepted += sum(step.accepted_len for step in output.steps)
         assert max(step.tree_nodes for step in output.steps) > 4
     assert accepted > 0  # draft tokens were really accepted
+    assert compared >= GREEDY_TOKENS // 2
 
 
 @pytest.mark.slow
@@ -369,13 +413,12 @@ def test_a_long_prompt_prefilled_in_one_batch_keeps_speculative_output_equal_to_
     target, prompts, _ = default_gguf
     ids = (prompts[0] + prompts[1]) * 3
     assert len(ids) > 100
-    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     spec = SpeculativeDecoder(target, None, temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     spec.drafter.cost = FREE_TREES
     spec.drafter.rest = RestSchedule(after=0)  # propose every round: the test needs branching trees
-    reference = plain.generate(ids).token_ids
+    reference = plain_greedy(target, ids)
     output = spec.generate(ids)
-    assert output.token_ids == reference
+    assert assert_follows(output.token_ids, reference) >= GREEDY_TOKENS // 2
     assert max(step.tree_nodes for step in output.steps) > 4
     committed = target.tokens()
     fresh = load_llamacpp_adapter("default", n_threads=1)
@@ -417,9 +460,9 @@ def gemma_gguf():
 @pytest.mark.parametrize("method", ["qfree", "sd", "spectr"])
 def test_lossless_rules_reproduce_greedy_llamacpp_output_on_gemma(gemma_gguf, method):
     """Gemma 3 270M (Q4_K_M, sliding-window layers) through llama.cpp: token trees (priced free, so
-    that they branch), SD and SpecTr reproduce plain greedy decoding token for token. Its rows are
-    not batch-invariant (up to ~1 logit between tree sizes, docs/llamacpp.md), so a near-tie could
-    flip; on these prompts none does."""
+    that they branch), SD and SpecTr reproduce plain greedy decoding token for token up to a near tie.
+    Its rows are not batch-invariant (up to ~1 logit between tree sizes, docs/llamacpp.md): on an
+    AVX2-only EPYC the first prompt's 14th token (plain margin 0.017 logits) flips in tree rounds."""
     target, prompts, references = gemma_gguf
     assert target.architecture == "gemma3" and target.vocab_size == 262144
     shape = {"qfree": {}, "sd": dict(draft_len=3), "spectr": dict(num_drafts=2, draft_len=2)}[method]
@@ -431,12 +474,13 @@ def test_lossless_rules_reproduce_greedy_llamacpp_output_on_gemma(gemma_gguf, me
     # the shipped acceptance prior, not llama.cpp's zero one: with 20 tokens per prompt the zero
     # prior learns from a handful of shadow trials, and whether any draft token is accepted is luck
     decoder.drafter.estimates = AcceptanceEstimates()
-    accepted = 0
+    accepted = compared = 0
     for ids, reference in zip(prompts, references):
         output = decoder.generate(ids)
-        assert output.token_ids == reference
+        compared += assert_follows(output.token_ids, reference)
         accepted += sum(step.accepted_len for step in output.steps)
     assert accepted > 0
+    assert compared >= GREEDY_TOKENS // 2
 
 
 @pytest.mark.slow
