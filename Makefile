@@ -48,7 +48,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report's browser test will be skipped"
 
 test: setup setup-gemma setup-llamacpp browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 # The documentation site (MkDocs + Material + mkdocstrings) into site/. --strict: a broken link, a
 # missing API reference or an internal issue number in a rendered page fails the build.
