@@ -289,9 +289,10 @@ GREEDY_PROMPTS = ["Write a Python function that returns the n-th Fibonacci numbe
 GREEDY_TOKENS = 20
 
 
-# a row scored alone and the same row inside a tree forward differ by up to ~1.1 logits on llama.cpp
-# (docs/llamacpp.md), so where plain greedy decoding's top logits lie closer than this, a speculative
-# round may take another token: a flip of batch variance, on a CPU kind whose kernels round that way
+# The default Q4_1 GGUF's tree rows are bit-identical to one-token rows (docs/llamacpp.md, Numerics), so
+# its speculative greedy output must equal plain output token for token. Gemma 3 270M's are not: a row
+# scored alone and inside a tree forward differ by up to ~1.0 logit, so where plain decoding's top
+# logits lie closer than this, a tree round may take another token (a flip of batch variance)
 TIE_LOGITS = 1.1
 
 
@@ -356,8 +357,8 @@ def test_lossless_rules_reproduce_greedy_llamacpp_output(default_gguf, method):
         target, "ngram", method=method, temperature=0, draft_temperature=1.0, max_new_tokens=GREEDY_TOKENS,
         eos_token_id=[], seed=3, **greedy_draft_shape(method),
     )
-    compared = sum(assert_follows(decoder.generate(ids).token_ids, reference) for ids, reference in zip(prompts, references))
-    assert compared >= GREEDY_TOKENS // 2  # not vacuous: a near tie did not end the comparison at once
+    for ids, reference in zip(prompts, references):
+        assert decoder.generate(ids).token_ids == reference.token_ids  # bit-identical rows: no near tie can flip
 
 
 @pytest.mark.slow
@@ -372,14 +373,13 @@ def test_default_token_trees_reproduce_greedy_llamacpp_output(default_gguf):
     # the shipped acceptance prior, not llama.cpp's zero one: with 20 tokens per prompt the zero
     # prior learns from a handful of shadow trials, and whether any draft token is accepted is luck
     decoder.drafter.estimates = AcceptanceEstimates()
-    accepted = compared = 0
+    accepted = 0
     for ids, reference in zip(prompts, references):
         output = decoder.generate(ids)
-        compared += assert_follows(output.token_ids, reference)
+        assert output.token_ids == reference.token_ids
         accepted += sum(step.accepted_len for step in output.steps)
         assert max(step.tree_nodes for step in output.steps) > 4
     assert accepted > 0  # draft tokens were really accepted
-    assert compared >= GREEDY_TOKENS // 2
 
 
 @pytest.mark.slow
@@ -413,12 +413,13 @@ def test_a_long_prompt_prefilled_in_one_batch_keeps_speculative_output_equal_to_
     target, prompts, _ = default_gguf
     ids = (prompts[0] + prompts[1]) * 3
     assert len(ids) > 100
+    plain = SpeculativeDecoder(target, None, method="ar", temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     spec = SpeculativeDecoder(target, None, temperature=0, max_new_tokens=GREEDY_TOKENS, eos_token_id=[])
     spec.drafter.cost = FREE_TREES
     spec.drafter.rest = RestSchedule(after=0)  # propose every round: the test needs branching trees
-    reference = plain_greedy(target, ids)
+    reference = plain.generate(ids).token_ids
     output = spec.generate(ids)
-    assert assert_follows(output.token_ids, reference) >= GREEDY_TOKENS // 2
+    assert output.token_ids == reference
     assert max(step.tree_nodes for step in output.steps) > 4
     committed = target.tokens()
     fresh = load_llamacpp_adapter("default", n_threads=1)
