@@ -23,7 +23,7 @@ def tiny_default_pair():
 @pytest.fixture
 def tiny_models(monkeypatch, tiny_default_pair):
     model, tokenizer = tiny_default_pair
-    monkeypatch.setattr(generate_cli, "load_pair", lambda target, draft, *rest: (model, tokenizer, draft))
+    monkeypatch.setattr(generate_cli, "load_pair", lambda target, draft, *rest, **options: (model, tokenizer, draft))
     monkeypatch.setattr(bench_cli, "load_models", lambda config: (model, tokenizer, None))
     return model, tokenizer
 
@@ -131,3 +131,12 @@ def test_bench_batch_with_a_prompt_too_long_is_a_clear_error(tmp_path, capsys, m
     assert code == 2
     err = capsys.readouterr().err
     assert "cannot be decoded" in err and "does not fit" in err and "Traceback" not in err
+
+
+def test_the_demo_table_warns_when_the_speculative_column_did_plain_work(capsys, tiny_models):
+    """``verispec demo`` on the tiny target with --method ar: both columns decode plainly, so the
+    speedup column is noise and the demo says so under its table."""
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--method", "ar", "--backend", "native"]) == 0
+    captured = capsys.readouterr()
+    assert "HumanEval/0" in captured.out
+    assert "speedup column measures timing noise" in captured.err

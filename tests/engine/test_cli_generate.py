@@ -26,3 +26,11 @@ def test_generate_writes_stats_json(tmp_path, capsys, method, extra):
 def test_generate_refuses_unknown_method(capsys):
     assert main(["generate", "Hi", "--method", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+def test_the_demo_says_when_speculation_rested_on_every_round():
+    from verispec.cli.generate import rested_note
+
+    assert "timing noise" in rested_note(tokens=64, target_calls=64)
+    assert rested_note(tokens=65, target_calls=64) is None  # one round accepted a draft token
+    assert rested_note(tokens=0, target_calls=0) is None
