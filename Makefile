@@ -47,8 +47,12 @@ audit: setup
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report's browser test will be skipped"
 
+# pytest-xdist workers, one torch thread each (tests/conftest.py); whole files per worker, so a module's
+# fixtures are built once. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+
 test: setup setup-gemma setup-llamacpp browser
-	$(PY) -m pytest -q --durations=40
+	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
 
 # The documentation site (MkDocs + Material + mkdocstrings) into site/. --strict: a broken link, a
 # missing API reference or an internal issue number in a rendered page fails the build.

@@ -80,3 +80,28 @@ def test_auto_dtype_on_a_gpu_follows_the_gpu_not_the_cpu(monkeypatch, bf16_gpu, 
     assert resolve_dtype("auto", "cuda") == {"bf16": torch.bfloat16, "fp32": torch.float32}[expected]
     assert fast_dtype_name("flags : avx2", device="cpu") == "fp32"
     assert fast_dtype_name("flags : avx512_bf16", device="cpu") == "bf16"
+
+
+def test_a_staged_cache_directory_lost_to_a_concurrent_writer_is_not_an_error(tmp_path):
+    """Two processes converting (or assembling a GGUF) at once: the second rename fails because the
+    first put the whole directory in place; that is a lost race, not a failure, even for a directory
+    without config.json (the assembled Gemma GGUF)."""
+    from verispec.models.loading import staged_directory
+
+    target = tmp_path / "model-gguf"
+    with staged_directory(target) as first:
+        (first / "model.gguf").write_bytes(b"first")
+        with staged_directory(target) as second:  # the other process finishes first
+            (second / "model.gguf").write_bytes(b"second")
+    assert (target / "model.gguf").read_bytes() == b"second"
+    assert [p.name for p in tmp_path.iterdir()] == ["model-gguf"]  # no staging directory left behind
+
+
+def test_a_staged_cache_directory_that_cannot_be_renamed_still_raises(tmp_path):
+    from verispec.models.loading import staged_directory
+
+    blocker = tmp_path / "model-gguf"
+    blocker.write_text("a file where the cache directory should go")
+    with pytest.raises(OSError):
+        with staged_directory(blocker) as staging:
+            (staging / "model.gguf").write_bytes(b"x")

@@ -229,10 +229,24 @@ class RowSpy:
         return logits
 
 
-def engine_law_error(target_path, make_decoder, params: SamplingParams) -> tuple[float, float, int]:
-    """(max |engine law - target law|, tolerance, most rounds on a path) of the first LAW_TOKENS
-    tokens; the tolerance is 4 N (δ + ε): δ the rows' normalisation error (as in
+@dataclass
+class EngineLaw:
+    """The engine's exact law of the first LAW_TOKENS tokens next to the target's (both as
+    {tokens: probability}), with the tolerance 4 N (δ + ε): δ the rows' normalisation error (as in
     tests/engine/test_engine_exact_law.py), ε the largest row difference the spy saw."""
+
+    law: dict
+    reference: dict
+    tolerance: float
+    rounds: int  # most rounds on a path
+
+    @property
+    def error(self) -> float:
+        return max_abs_difference(self.law, self.reference)
+
+
+def engine_law(target_path, make_decoder, params: SamplingParams) -> EngineLaw:
+    """Enumerates the law of ``make_decoder(target)`` on LAW_PROMPT over a llama.cpp target."""
     target = open_adapter(target_path)
     memo = LlamaCppMemo(target_path)
     spy = RowSpy(target, memo, params)
@@ -247,7 +261,7 @@ def engine_law_error(target_path, make_decoder, params: SamplingParams) -> tuple
     reference = exact_target_law(memo, LAW_PROMPT, LAW_TOKENS, params)
     delta = max(abs(LogitRows(row[None], params).dense()[0].sum() - 1.0) for row in memo.rows.values())
     assert spy.nodes > 0
-    return max_abs_difference(law, reference), 4 * LAW_TOKENS * (max(delta, 1e-16) + spy.worst), rounds[0]
+    return EngineLaw(law, reference, 4 * LAW_TOKENS * (max(delta, 1e-16) + spy.worst), rounds[0])
 
 
 def _warm_table(path, vocab: int) -> AdjacencyTable:
@@ -277,10 +291,10 @@ def test_engine_law_on_llamacpp_is_the_target_law(gguf_files, case):
         def make_decoder(target):
             return SpeculativeDecoder(target, draft, top_k=2, max_new_tokens=LAW_TOKENS, eos_token_id=[], **shape)
 
-    error, tolerance, rounds = engine_law_error(target_path, make_decoder, params)
-    assert rounds >= 2
-    assert tolerance < 1e-4  # the check keeps its power: the mutants of the torch law test err by 1e-3 .. 1e-2
-    assert error < tolerance, (error, tolerance)
+    result = engine_law(target_path, make_decoder, params)
+    assert result.rounds >= 2
+    assert result.tolerance < 1e-4  # the check keeps its power: the mutants of the torch law test err by 1e-3 .. 1e-2
+    assert result.error < result.tolerance, (result.error, result.tolerance)
 
 
 # ------------------------------------------------------- greedy equality on the real default GGUF

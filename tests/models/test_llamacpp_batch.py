@@ -20,16 +20,14 @@ import threading
 import numpy as np
 import pytest
 
-from tests.engine.tiny import exact_target_law
 from tests.models.test_llamacpp import (  # noqa: F401  (fixtures)
     FREE_TREES,
     GREEDY_TOKENS,
     LOGIT_TOLERANCE,
     LAW_PROMPT,
     LAW_TOKENS,
-    LlamaCppMemo,
     default_gguf,
-    engine_law_error,
+    engine_law,
     gguf_files,
     open_adapter,
 )
@@ -220,15 +218,13 @@ def test_batch_law_on_llamacpp_equals_solo_law_and_target_law(gguf_files):
 
     law = enumerate_outcomes(batched, max_leaves=50_000)
     assert len(law) >= 8
-    alone = enumerate_outcomes(lambda rng: tuple(make(target).generate(list(LAW_PROMPT), rng=rng).token_ids), max_leaves=50_000)
-    # the solo test's tolerance 4 N (δ + ε), widened by the batch's own row difference (F32 kernels'
-    # batch variance, bounded by LOGIT_TOLERANCE in the row test above)
-    _, tolerance, _ = engine_law_error(path, make, params)
-    tolerance += 4 * LAW_TOKENS * LOGIT_TOLERANCE
+    alone = engine_law(path, make, params)  # the solo law, the target's, and the solo test's tolerance 4 N (δ + ε)
+    # widened by the batch's own row difference (F32 kernels' batch variance, bounded by
+    # LOGIT_TOLERANCE in the row test above)
+    tolerance = alone.tolerance + 4 * LAW_TOKENS * LOGIT_TOLERANCE
     assert tolerance < 1e-3  # keeps its power: lossy rules err by 1e-3 .. 1e-2 (tests/engine/test_engine_exact_law.py)
-    assert max_abs_difference(law, alone) < tolerance
-    reference = exact_target_law(LlamaCppMemo(path), LAW_PROMPT, LAW_TOKENS, params)
-    assert max_abs_difference(law, reference) < tolerance
+    assert max_abs_difference(law, alone.law) < tolerance
+    assert max_abs_difference(law, alone.reference) < tolerance
 
 
 @pytest.mark.slow

@@ -46,7 +46,9 @@ def staged_directory(target: Path):
         staging.chmod(0o755)  # mkdtemp makes it private
         os.rename(staging, target)
     except OSError:
-        if not (target / "config.json").is_file():  # not merely another process winning the race
+        # the target appears only by this rename, whole: if it exists, another process won the race
+        # (the assembled GGUF directory has no config.json, so only the directory itself can tell)
+        if not target.is_dir():
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
