@@ -13,6 +13,7 @@ from tests.models.recompute import full_logits
 from verispec.errors import ConfigError
 from verispec.models.default import encode_prompt, load_default_target, load_model
 from verispec.models.hf import HFModelAdapter
+from verispec.models.loading import staged_directory
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +87,6 @@ def test_a_staged_cache_directory_lost_to_a_concurrent_writer_is_not_an_error(tm
     """Two processes converting (or assembling a GGUF) at once: the second rename fails because the
     first put the whole directory in place; that is a lost race, not a failure, even for a directory
     without config.json (the assembled Gemma GGUF)."""
-    from verispec.models.loading import staged_directory
-
     target = tmp_path / "model-gguf"
     with staged_directory(target) as first:
         (first / "model.gguf").write_bytes(b"first")
@@ -98,8 +97,6 @@ def test_a_staged_cache_directory_lost_to_a_concurrent_writer_is_not_an_error(tm
 
 
 def test_a_staged_cache_directory_that_cannot_be_renamed_still_raises(tmp_path):
-    from verispec.models.loading import staged_directory
-
     blocker = tmp_path / "model-gguf"
     blocker.write_text("a file where the cache directory should go")
     with pytest.raises(OSError):
